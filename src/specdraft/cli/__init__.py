@@ -1,0 +1,29 @@
+"""The ``specdraft`` command line: one sub-command per stage, each in ``cli/<verb>.py``.
+
+A verb parses options (flags, or ``--config FILE.yaml`` with the same field names), builds the
+stage's frozen config and calls ``specdraft.<stage>.run.run(config)``. No stage logic and no
+torch import here: ``specdraft --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from specdraft.core.errors import SpecdraftError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Train EAGLE-3 draft models for speculative decoding, end to end.")
+
+# Implemented verbs, in pipeline order: import the verb module, register its `command`.
+# (Each stage adds its own two lines here.)
+
+
+def main() -> None:
+    """Entry point of the ``specdraft`` script: user errors print one message and exit 2."""
+    try:
+        app()
+    except SpecdraftError as err:
+        print(f"specdraft: error: {err}", file=sys.stderr)
+        sys.exit(2)

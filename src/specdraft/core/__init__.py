@@ -1,0 +1,1 @@
+"""Plumbing shared by every stage: atomic writes, manifests, JSONL, run directories, verifiers."""

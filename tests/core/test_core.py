@@ -1,0 +1,76 @@
+"""Foundation: atomic writes, torn-tail repair, run-directory rules, config errors, manifests."""
+
+import json
+
+import pytest
+
+from specdraft.core.atomic import atomic_open, atomic_write_json
+from specdraft.core.config import StageConfig
+from specdraft.core.errors import ConfigError, InputError, StageDirError
+from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
+from specdraft.core.manifest import StageClock, read_manifest, write_manifest
+from specdraft.core.rundir import open_stage_dir, require_stage
+
+
+class _Cfg(StageConfig):
+    run_dir: str
+    max_tokens: int = 16
+
+
+def test_atomic_open_leaves_old_file_on_error(tmp_path):
+    path = tmp_path / "a.json"
+    atomic_write_json(path, {"v": 1})
+    with pytest.raises(RuntimeError):
+        with atomic_open(path) as f:
+            f.write("half")
+            raise RuntimeError("boom")
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_torn_tail_is_cut(tmp_path):
+    path = tmp_path / "s.jsonl"
+    with JsonlWriter(path) as w:
+        w.write_batch([{"id": "a"}, {"id": "b"}])
+    with open(path, "a") as f:
+        f.write('{"id": "c", "mess')
+    assert repair_torn_tail(path) == len('{"id": "c", "mess')
+    assert [r["id"] for _, r in iter_jsonl(path)] == ["a", "b"]
+    assert repair_torn_tail(path) == 0
+
+
+def test_iter_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"a": 1}\n\n[1]\n')
+    with pytest.raises(InputError, match=r"p.jsonl:3: expected a JSON object"):
+        list(iter_jsonl(path))
+
+
+def test_stage_dir_refuses_to_clobber(tmp_path):
+    d = open_stage_dir(tmp_path, "generate")
+    (d / "samples.jsonl").write_text("x\n")
+    with pytest.raises(StageDirError, match="--resume .* --overwrite"):
+        open_stage_dir(tmp_path, "generate")
+    assert open_stage_dir(tmp_path, "generate", resume=True) == d
+    assert (d / "samples.jsonl").exists()
+    open_stage_dir(tmp_path, "generate", overwrite=True)
+    assert not (d / "samples.jsonl").exists()
+
+
+def test_manifest_roundtrip_and_require(tmp_path):
+    cfg = _Cfg(run_dir=str(tmp_path))
+    with pytest.raises(StageDirError, match="specdraft generate --run-dir"):
+        require_stage(tmp_path, "generate")
+    d = open_stage_dir(tmp_path, "generate")
+    write_manifest(d, stage="generate", config=cfg, clock=StageClock(), counts={"out": 3})
+    m = read_manifest(d)
+    assert m["counts"] == {"out": 3} and m["config"] == {"run_dir": str(tmp_path), "max_tokens": 16}
+    assert m["config_hash"] == cfg.config_hash() == _Cfg(**m["config"]).config_hash()
+    assert require_stage(tmp_path, "generate")["stage"] == "generate"
+
+
+def test_config_error_names_flag():
+    with pytest.raises(ConfigError, match=r"--max-tokens \(max_tokens\)"):
+        _Cfg.build({"run_dir": "r", "max_tokens": "many"})
+    with pytest.raises(ConfigError, match=r"--bogus"):
+        _Cfg.build({"run_dir": "r", "bogus": 1})
