@@ -1,0 +1,337 @@
+"""The EAGLE-3 draft model (arXiv 2503.01840, Sec. 3), in one readable file.
+
+    aux features [B, T, n_aux*Ht] --fc--> h [B, T, H]            (step 0 only)
+    x = input_layernorm(embed_tokens(ids))                      [B, T, H]
+    a = self_attn(cat([x, hidden_norm(h)], -1))                 q/k/v read width 2H
+    r = h + a                   (h taken *before* hidden_norm, unless norm_before_residual)
+    out = r + mlp(post_attention_layernorm(r))                  [B, T, H]  "prenorm": fed back as h
+    logits = lm_head(norm(out))                                 [B, T, K]  over the draft vocab
+
+Attribute names equal the checkpoint keys that vLLM (``vllm/model_executor/models/
+llama_eagle3.py``) and SGLang (``python/sglang/srt/models/llama_eagle3.py``) load, so export is a
+rename-free ``state_dict`` save: ``fc.weight``, ``midlayer.{input_layernorm,hidden_norm,
+post_attention_layernorm}.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight``,
+``midlayer.mlp.{gate,up,down}_proj.weight``, ``norm.weight``, ``lm_head.weight``, buffers ``d2t``
+(int64 [K], ``target_id = draft_id + d2t[draft_id]``) and ``t2d`` (bool [V]), plus the frozen
+``embed_tokens.weight`` copied from the verifier.
+
+Two ways to run the layer:
+- :meth:`Eagle3DraftModel.ttt_step` for training-time test: step ``k`` sees the step-0 keys
+  causally plus, for each query, its own keys from steps 1..k (the diagonal). Rotary position of
+  step ``k`` at column ``t`` is ``t + k``: at inference the engines place the ``k``-th drafted
+  token one position after the previous one (vLLM ``v1/spec_decode/eagle.py`` increments
+  ``positions`` per draft step), so query/key offsets in training equal those at serving time.
+- :meth:`Eagle3DraftModel.forward_cached` for inference with a :class:`DraftKVCache`.
+
+Model files never import ``torch.distributed``; parallelism is applied from outside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+AUX_CONVENTION = "hf_hidden_states: aux id i = HF hidden_states[i] = input to decoder layer i"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Eagle3Config:
+    """Shape of a drafter; layer fields are copied from the verifier (:meth:`from_verifier`).
+
+    ``max_position_embeddings`` is the verifier's, never the training length: a smaller value
+    crushes acceptance on long contexts at serving time (rotary scaling and cache sizing read it).
+    ``aux_layer_ids`` follow :data:`AUX_CONVENTION`.
+    """
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...]
+    rope_scaling: dict[str, Any] | None = None
+    norm_before_residual: bool = False
+    hidden_act: str = "silu"
+    attn_impl: str = "split"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+        if self.attn_impl not in TTT_ATTENTION:
+            raise ValueError(f"attn_impl {self.attn_impl!r} not in {sorted(TTT_ATTENTION)}")
+        if self.hidden_act != "silu":
+            raise ValueError(f"hidden_act {self.hidden_act!r}: only silu is implemented")
+
+    @property
+    def n_aux(self) -> int:
+        return len(self.aux_layer_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["aux_layer_ids"] = list(self.aux_layer_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Eagle3Config":
+        return cls(**d)
+
+    @classmethod
+    def from_verifier(cls, hf_config: Any, *, draft_vocab_size: int,
+                      aux_layer_ids: tuple[int, ...], **overrides: Any) -> "Eagle3Config":
+        """Copy the layer shape from a verifier's HF config (``text_config`` for VL models)."""
+        c = getattr(hf_config, "text_config", None) or hf_config
+        rope = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+        theta = float(rope.pop("rope_theta", getattr(c, "rope_theta", 10000.0)))
+        scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
+        heads = c.num_attention_heads
+        values = dict(
+            hidden_size=c.hidden_size, num_attention_heads=heads,
+            num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+            intermediate_size=c.intermediate_size, rms_norm_eps=float(c.rms_norm_eps),
+            rope_theta=theta, rope_scaling=scaling,
+            max_position_embeddings=c.max_position_embeddings, vocab_size=c.vocab_size,
+            draft_vocab_size=draft_vocab_size, target_hidden_size=c.hidden_size,
+            aux_layer_ids=tuple(aux_layer_ids))
+        values.update(overrides)
+        return cls(**values)
+
+    def rotary_config(self) -> LlamaConfig:
+        """A LlamaConfig carrying only what transformers' rotary embedding reads."""
+        rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+        return LlamaConfig(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
+                           head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
+                           rope_parameters=rope)
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm, computed in fp32: ``w * x / sqrt(mean(x^2) + eps)``."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, kvh, S, d] -> [B, kvh*n_rep, S, d] for grouped-query attention."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def ttt_attention_dense(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                        scale: float) -> torch.Tensor:
+    """TTT attention with an explicit mask and SDPA (reference path, O(k·T²) memory).
+
+    q [B, h, T, d]; keys/values: one [B, h, T, d] per step 0..k. Query t sees step-0 keys
+    s <= t and, for every step j >= 1, only key t. Returns [B, h, T, d].
+    """
+    T = q.shape[2]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    eye = torch.eye(T, dtype=torch.bool, device=q.device)
+    mask = torch.cat([causal] + [eye] * (len(keys) - 1), dim=1)  # [T, (k+1)T]
+    k = torch.cat(keys, dim=2)
+    v = torch.cat(values, dim=2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def ttt_attention_split(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                        scale: float) -> torch.Tensor:
+    """The same attention as :func:`ttt_attention_dense` in O(T² + k·T) memory.
+
+    Scores against step-0 keys ([B, h, T, T], causal) and against each query's own earlier-step
+    keys ([B, h, T, k], a row-wise dot product) share one softmax.
+    """
+    T = q.shape[2]
+    s0 = torch.matmul(q, keys[0].transpose(-1, -2)) * scale  # [B, h, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    diag = [(q * kj).sum(-1, keepdim=True) * scale for kj in keys[1:]]  # k x [B, h, T, 1]
+    probs = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+    out = torch.matmul(probs[..., :T], values[0])  # [B, h, T, d]
+    for j, vj in enumerate(values[1:]):
+        out = out + probs[..., T + j: T + j + 1] * vj
+    return out
+
+
+TTT_ATTENTION: dict[str, Callable[..., torch.Tensor]] = {
+    "dense": ttt_attention_dense,
+    "split": ttt_attention_split,
+}
+
+
+class DraftKVCache:
+    """Key/value cache of the draft layer for inference: [B, kvh, S, d] each, croppable."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions (drop rejected drafts)."""
+        if self.k is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
+class Eagle3Attention(nn.Module):
+    """Llama attention whose q/k/v read the 2H-wide ``[embed; hidden]`` input."""
+
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(2 * c.hidden_size, c.num_attention_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def qkv(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]):
+        """x [B, T, 2H] -> q [B, h, T, d], k and v [B, kvh, T, d] (rotary applied)."""
+        B, T, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        return q, k, v
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        """o [B, h, T, d] -> [B, T, H]."""
+        B, _, T, _ = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+
+
+class Eagle3MLP(nn.Module):
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """The single draft decoder layer ("midlayer")."""
+
+    def __init__(self, c: Eagle3Config) -> None:
+        super().__init__()
+        self.c = c
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Eagle3Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = Eagle3MLP(c)
+
+    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor):
+        """-> (x [B, T, 2H] = [input_layernorm(embeds); hidden_norm(hidden)], residual [B, T, H])."""
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.c.norm_before_residual else hidden
+        return torch.cat([self.input_layernorm(embeds), normed], dim=-1), residual
+
+    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """Residual add, then the MLP block. -> prenorm output [B, T, H]."""
+        r = residual + attn_out
+        return r + self.mlp(self.post_attention_layernorm(r))
+
+
+class Eagle3DraftModel(nn.Module):
+    """EAGLE-3 drafter. See the module docstring for the data flow and checkpoint names."""
+
+    def __init__(self, config: Eagle3Config) -> None:
+        super().__init__()
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(c.n_aux * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool)
+                             if c.draft_vocab_size == c.vocab_size
+                             else torch.zeros(c.vocab_size, dtype=torch.bool))
+        self.rotary = LlamaRotaryEmbedding(c.rotary_config())
+
+    def fuse_aux(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """aux [B, T, n_aux*Ht] -> h [B, T, H] (step 0's feature input)."""
+        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+
+    def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
+        """prenorm [B, T, H] -> draft-vocab logits [B, T, K]."""
+        return self.lm_head(self.norm(prenorm))
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab ids -> verifier-vocab ids (``id + d2t[id]``), any shape, int64."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def ttt_step(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                 history: list[tuple[torch.Tensor, torch.Tensor]]):
+        """One training-time-test step over all T columns at once.
+
+        input_ids [B, T] int64 (token at column t for this step), hidden [B, T, H] (``fuse_aux``
+        output at step 0, the previous step's prenorm output after), position_ids [B, T]
+        (``t + step``), ``history``: (k, v) of the earlier steps, each [B, kvh, T, d]; the new
+        step's (k, v) is appended to it. Right padding needs no mask: a valid query never
+        sees a later (pad) column. Returns prenorm [B, T, H]; ``logits(prenorm)`` gives [B, T, K].
+        """
+        layer = self.midlayer
+        x, residual = layer.attn_input(self.embed_tokens(input_ids), hidden)
+        q, k, v = layer.self_attn.qkv(x, self.rotary(x, position_ids))
+        history.append((k, v))
+        n_rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        keys = [repeat_kv(kj, n_rep) for kj, _ in history]
+        values = [repeat_kv(vj, n_rep) for _, vj in history]
+        o = TTT_ATTENTION[self.config.attn_impl](q, keys, values, self.config.head_dim ** -0.5)
+        return layer.finish(layer.self_attn.out(o), residual)
+
+    def forward_cached(self, input_ids: torch.Tensor, hidden: torch.Tensor,
+                       position_ids: torch.Tensor, cache: DraftKVCache) -> torch.Tensor:
+        """Inference: T new columns attend to the cache and causally to each other.
+
+        input_ids [B, T], hidden [B, T, H], position_ids [B, T]; the new keys are appended to
+        ``cache``. Returns prenorm [B, T, H].
+        """
+        layer = self.midlayer
+        x, residual = layer.attn_input(self.embed_tokens(input_ids), hidden)
+        q, k, v = layer.self_attn.qkv(x, self.rotary(x, position_ids))
+        past = cache.length
+        k_all, v_all = cache.append(k, v)
+        n_rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        T, S = q.shape[2], k_all.shape[2]
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=past)
+        o = F.scaled_dot_product_attention(q, repeat_kv(k_all, n_rep), repeat_kv(v_all, n_rep),
+                                           attn_mask=mask, scale=self.config.head_dim ** -0.5)
+        return layer.finish(layer.self_attn.out(o), residual)
+
+    def checkpoint_state(self, *, include_embed: bool = False) -> dict[str, torch.Tensor]:
+        """The tensors an engine checkpoint holds, by their exported names (no rename)."""
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        if not include_embed:
+            state.pop("embed_tokens.weight")
+        return state

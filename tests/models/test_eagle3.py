@@ -1,0 +1,93 @@
+"""The draft model: names/shapes, TTT attention paths, and TTT == inference with a KV cache."""
+
+import pytest
+import torch
+
+from specdraft.models.eagle3 import (DraftKVCache, Eagle3Config, Eagle3DraftModel,
+                                     ttt_attention_dense, ttt_attention_split)
+
+
+def tiny_config(**kw) -> Eagle3Config:
+    values = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                  intermediate_size=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+                  max_position_embeddings=4096, vocab_size=50, draft_vocab_size=20,
+                  target_hidden_size=16, aux_layer_ids=(1, 2, 3))
+    values.update(kw)
+    return Eagle3Config(**values)
+
+
+def test_parameter_names_and_shapes():
+    m = Eagle3DraftModel(tiny_config())
+    shapes = {k: tuple(v.shape) for k, v in m.checkpoint_state(include_embed=True).items()}
+    assert shapes == {
+        "embed_tokens.weight": (50, 32), "fc.weight": (32, 48),
+        "midlayer.input_layernorm.weight": (32,), "midlayer.hidden_norm.weight": (32,),
+        "midlayer.self_attn.q_proj.weight": (32, 64), "midlayer.self_attn.k_proj.weight": (16, 64),
+        "midlayer.self_attn.v_proj.weight": (16, 64), "midlayer.self_attn.o_proj.weight": (32, 32),
+        "midlayer.post_attention_layernorm.weight": (32,),
+        "midlayer.mlp.gate_proj.weight": (64, 32), "midlayer.mlp.up_proj.weight": (64, 32),
+        "midlayer.mlp.down_proj.weight": (32, 64), "norm.weight": (32,),
+        "lm_head.weight": (20, 32), "d2t": (20,), "t2d": (50,)}
+    assert not m.embed_tokens.weight.requires_grad
+    assert "embed_tokens.weight" not in m.checkpoint_state()
+
+
+def test_dense_and_split_ttt_attention_agree():
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 5, 4)
+    keys = [torch.randn(2, 3, 5, 4) for _ in range(3)]
+    values = [torch.randn(2, 3, 5, 4) for _ in range(3)]
+    a = ttt_attention_dense(q, keys, values, 0.5)
+    b = ttt_attention_split(q, keys, values, 0.5)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_dense_attention_row_by_hand():
+    """T=2, steps 0 and 1: query 0 sees {k0[0], k1[0]}, query 1 sees {k0[0], k0[1], k1[1]}."""
+    q = torch.tensor([[1.0], [2.0]]).view(1, 1, 2, 1)
+    k0 = torch.tensor([[1.0], [0.0]]).view(1, 1, 2, 1)
+    k1 = torch.tensor([[0.0], [1.0]]).view(1, 1, 2, 1)
+    v0 = torch.tensor([[1.0], [2.0]]).view(1, 1, 2, 1)
+    v1 = torch.tensor([[3.0], [4.0]]).view(1, 1, 2, 1)
+    out = ttt_attention_dense(q, [k0, k1], [v0, v1], 1.0).flatten()
+    e = torch.exp
+    # query 0: scores k0[0]=1, k1[0]=0 -> values 1, 3
+    want0 = (e(torch.tensor(1.0)) * 1 + e(torch.tensor(0.0)) * 3) / (e(torch.tensor(1.0)) + 1)
+    # query 1: scores k0[0]=2, k0[1]=0, k1[1]=2 -> values 1, 2, 4
+    s = torch.tensor([2.0, 0.0, 2.0])
+    want1 = (torch.softmax(s, 0) * torch.tensor([1.0, 2.0, 4.0])).sum()
+    torch.testing.assert_close(out, torch.stack([want0, want1]))
+
+
+@pytest.mark.parametrize("impl", ["dense", "split"])
+def test_ttt_step_equals_cached_inference(impl):
+    """Step 1 of TTT at column t equals what inference computes for the first drafted token:
+    the cache holds step-0 keys for columns 0..t, the new token sits at position t+1."""
+    torch.manual_seed(0)
+    m = Eagle3DraftModel(tiny_config(attn_impl=impl)).eval()
+    B, T = 1, 6
+    ids0 = torch.randint(0, 50, (B, T))
+    ids1 = torch.randint(0, 50, (B, T))
+    h0 = m.fuse_aux(torch.randn(B, T, 48))
+    pos = torch.arange(T).unsqueeze(0)
+    with torch.no_grad():
+        hist = []
+        p0 = m.ttt_step(ids0, h0, pos, hist)
+        p1 = m.ttt_step(ids1, p0, pos + 1, hist)
+        for t in range(T):
+            cache = DraftKVCache()
+            c0 = m.forward_cached(ids0[:, : t + 1], h0[:, : t + 1], pos[:, : t + 1], cache)
+            torch.testing.assert_close(c0, p0[:, : t + 1], atol=1e-5, rtol=1e-5)
+            c1 = m.forward_cached(ids1[:, t: t + 1], p0[:, t: t + 1], pos[:, t: t + 1] + 1, cache)
+            torch.testing.assert_close(c1[:, 0], p1[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_from_verifier_copies_shape():
+    from transformers import LlamaConfig
+
+    hf = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                     vocab_size=100, rms_norm_eps=1e-5)
+    c = Eagle3Config.from_verifier(hf, draft_vocab_size=40, aux_layer_ids=(2, 2, 1))
+    assert (c.hidden_size, c.head_dim, c.num_key_value_heads, c.max_position_embeddings,
+            c.vocab_size, c.target_hidden_size, c.rope_scaling) == (64, 16, 2, 8192, 100, 64, None)
