@@ -91,3 +91,16 @@ def test_from_verifier_copies_shape():
     c = Eagle3Config.from_verifier(hf, draft_vocab_size=40, aux_layer_ids=(2, 2, 1))
     assert (c.hidden_size, c.head_dim, c.num_key_value_heads, c.max_position_embeddings,
             c.vocab_size, c.target_hidden_size, c.rope_scaling) == (64, 16, 2, 8192, 100, 64, None)
+
+
+def test_save_load_roundtrip(tmp_path):
+    from specdraft.models.io import load_drafter, save_drafter
+
+    torch.manual_seed(1)
+    m = Eagle3DraftModel(tiny_config())
+    m.d2t.copy_(torch.arange(20) % 3)
+    save_drafter(m, tmp_path / "d")
+    m2 = load_drafter(tmp_path / "d")
+    assert m2.config == m.config
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, m2.state_dict()[k]), k

@@ -1,0 +1,47 @@
+"""Save and load a trained drafter as a directory: ``drafter_config.json`` + ``drafter.safetensors``.
+
+This is specdraft's own format (``RUN/train/best/``, ``RUN/train/checkpoints/step-N/``); engine
+formats are written by :mod:`specdraft.export`. The safetensors file holds
+:meth:`Eagle3DraftModel.checkpoint_state` with ``embed_tokens.weight`` (the frozen copy of the
+verifier's embedding), so a drafter directory is self-contained.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdraft.core.atomic import atomic_dir
+from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
+
+CONFIG_FILE = "drafter_config.json"
+WEIGHTS_FILE = "drafter.safetensors"
+
+
+def save_drafter(model: Eagle3DraftModel, out_dir: str | Path) -> Path:
+    """Write ``out_dir`` atomically (temp dir + rename); tensors saved contiguous, on CPU."""
+    state = {k: v.detach().cpu().contiguous() for k, v in
+             model.checkpoint_state(include_embed=True).items()}
+    with atomic_dir(out_dir) as tmp:
+        (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+        save_file(state, str(tmp / WEIGHTS_FILE))
+    return Path(out_dir)
+
+
+def load_drafter(path: str | Path, *, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> Eagle3DraftModel:
+    """Load a drafter directory written by :func:`save_drafter` (strict: no missing or extra key).
+
+    Raises FileNotFoundError naming the missing file, RuntimeError on key mismatch.
+    """
+    path = Path(path)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (path / name).exists():
+            raise FileNotFoundError(f"{path / name} not found: not a specdraft drafter directory")
+    config = Eagle3Config.from_dict(json.loads((path / CONFIG_FILE).read_text()))
+    model = Eagle3DraftModel(config)
+    model.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)
+    return model.to(device=device, dtype=dtype).eval()
