@@ -1,0 +1,222 @@
+"""The ``openai`` backend: an asyncio ``httpx`` client for ``/v1/chat/completions`` servers
+(vLLM, SGLang, llama.cpp, ...), with load spreading over several endpoints and retries.
+
+Retried (exponential backoff with jitter, ``Retry-After`` honoured): HTTP 429 and 5xx, timeouts,
+connection errors (refused, reset, dropped without a response) and malformed bodies (not JSON,
+no ``choices[0].message``). Other HTTP errors (400, 401, 404, 422, ...) fail at once: retrying
+cannot fix the request. The API key is read from the environment and only ever sent as the
+``Authorization`` header; it never appears in records, manifests or messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class TurnOutput:
+    """One generated assistant turn, backend-neutral.
+
+    ``message`` is the raw assistant message (``content`` and maybe ``reasoning`` /
+    ``reasoning_content``); ``completion_token_ids`` / ``prompt_token_ids`` are the exact ids
+    when the backend returned them (vLLM ``return_token_ids``: ``choices[0].token_ids`` and the
+    top-level ``prompt_token_ids``), else None. ``latency_s`` is wall seconds of the successful
+    attempt; ``attempts`` counts tries (1 = no retry).
+    """
+
+    message: dict[str, Any]
+    finish_reason: str | None
+    usage: dict[str, Any]
+    completion_token_ids: list[int] | None
+    prompt_token_ids: list[int] | None
+    latency_s: float
+    endpoint: str
+    model: str
+    attempts: int = 1
+
+
+class RetryableError(Exception):
+    """A failed attempt worth retrying; ``kind`` is one of ``http_429``, ``http_5xx``,
+    ``timeout``, ``connection``, ``malformed``."""
+
+    def __init__(self, kind: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after = retry_after
+
+
+class RequestFailed(Exception):
+    """A request that failed for good (after ``attempts`` tries); ``kind`` of the last error."""
+
+    def __init__(self, kind: str, message: str, attempts: int) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.attempts = attempts
+
+
+def chat_url(endpoint: str) -> str:
+    """``http://h:8000`` / ``…/v1`` / ``…/v1/chat/completions`` -> the chat completions URL."""
+    url = endpoint.rstrip("/")
+    if url.endswith("/chat/completions"):
+        return url
+    if url.endswith("/v1"):
+        return url + "/chat/completions"
+    return url + "/v1/chat/completions"
+
+
+def backoff_s(attempt: int, base: float, cap: float, rng: random.Random) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based): "equal jitter" exponential
+    backoff, uniform in ``[d/2, d]`` with ``d = min(cap, base * 2**attempt)``."""
+    d = min(cap, base * (2 ** attempt))
+    return d / 2 + rng.uniform(0, d / 2)
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    try:
+        return float(resp.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, int) for x in value):
+        raise RetryableError("malformed", "token ids are not a list of ints")
+    return value
+
+
+def parse_response(resp: httpx.Response) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(body, choices[0])`` of a 200 response, or :class:`RetryableError` ``malformed``."""
+    try:
+        body = resp.json()
+    except (ValueError, UnicodeDecodeError) as err:
+        raise RetryableError("malformed", f"response is not JSON ({err}): "
+                                          f"{resp.text[:200]!r}") from None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
+            or not isinstance(choices[0].get("message"), dict):
+        raise RetryableError("malformed", f"no choices[0].message in {str(body)[:200]!r}")
+    return body, choices[0]
+
+
+class OpenAIBackend:
+    """Sends chat completion requests; use as ``async with OpenAIBackend(...) as b``.
+
+    ``endpoints``: base URLs, load-spread by fewest requests in flight (ties round-robin).
+    ``body_defaults``: fields sent with every request (``max_tokens``, ``temperature``,
+    ``chat_template_kwargs``, ``return_token_ids``, extra body fields, ...). ``retries`` counts
+    failed attempts by kind; ``failures`` counts requests that failed for good.
+    """
+
+    def __init__(self, endpoints: list[str], *, model: str | None,
+                 body_defaults: dict[str, Any], api_key: str | None = None,
+                 concurrency: int = 64, timeout_s: float = 600.0, max_retries: int = 5,
+                 backoff_base_s: float = 1.0, backoff_max_s: float = 60.0,
+                 seed: int | None = None) -> None:
+        self.urls = [chat_url(e) for e in endpoints]
+        self.model = model
+        self.body_defaults = dict(body_defaults)
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff = (backoff_base_s, backoff_max_s)
+        self.retries: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self._inflight = {u: 0 for u in self.urls}
+        self._rr = itertools.count()
+        self._rng = random.Random(seed)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self._client = httpx.AsyncClient(headers=headers, limits=limits,
+                                         timeout=httpx.Timeout(timeout_s))
+
+    async def __aenter__(self) -> "OpenAIBackend":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._client.aclose()
+
+    async def resolve_model(self) -> str:
+        """The model name: the configured one, else the first id of ``GET /v1/models``."""
+        if self.model:
+            return self.model
+        url = self.urls[0].removesuffix("/chat/completions") + "/models"
+        resp = await self._client.get(url)
+        resp.raise_for_status()
+        self.model = resp.json()["data"][0]["id"]
+        return self.model
+
+    def _pick(self) -> str:
+        turn = next(self._rr)
+        n = len(self.urls)
+        order = [self.urls[(turn + i) % n] for i in range(n)]
+        return min(order, key=lambda u: self._inflight[u])
+
+    async def complete(self, messages: list[dict[str, Any]]) -> TurnOutput:
+        """One chat completion for ``messages``, retried as described in the module docstring.
+
+        Raises :class:`RequestFailed` (kind and last error) when every attempt failed.
+        """
+        body = {"model": self.model, "messages": messages, **self.body_defaults}
+        payload = json.dumps(body, ensure_ascii=False).encode()
+        for attempt in range(self.max_retries + 1):
+            url = self._pick()
+            try:
+                return await self._attempt(url, payload, attempt + 1)
+            except RetryableError as err:
+                self.retries[err.kind] += 1
+                if attempt == self.max_retries:
+                    self.failures[err.kind] += 1
+                    raise RequestFailed(err.kind, f"{url}: {err}", attempt + 1) from None
+                wait = backoff_s(attempt, *self.backoff, self._rng)
+                if err.retry_after is not None:
+                    wait = max(wait, min(err.retry_after, self.backoff[1]))
+                await asyncio.sleep(wait)
+            except RequestFailed as err:
+                self.failures[err.kind] += 1
+                err.attempts = attempt + 1
+                raise
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, url: str, payload: bytes, attempt: int) -> TurnOutput:
+        self._inflight[url] += 1
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                resp = await self._client.post(
+                    url, content=payload, headers={"Content-Type": "application/json"})
+        except (TimeoutError, httpx.TimeoutException) as err:
+            raise RetryableError("timeout", f"no response within {self.timeout_s}s "
+                                            f"({type(err).__name__})") from None
+        except httpx.TransportError as err:
+            raise RetryableError("connection", f"{type(err).__name__}: {err}") from None
+        finally:
+            self._inflight[url] -= 1
+        return self._to_output(resp, url, attempt, time.perf_counter() - t0)
+
+    def _to_output(self, resp: httpx.Response, url: str, attempt: int,
+                   latency: float) -> TurnOutput:
+        if resp.status_code == 429 or resp.status_code >= 500:
+            kind = "http_429" if resp.status_code == 429 else "http_5xx"
+            raise RetryableError(kind, f"HTTP {resp.status_code}: {resp.text[:200]!r}",
+                                 _retry_after(resp))
+        if resp.status_code != 200:
+            raise RequestFailed(f"http_{resp.status_code}",
+                                f"{url}: HTTP {resp.status_code}: {resp.text[:300]!r}", attempt)
+        body, choice = parse_response(resp)
+        return TurnOutput(
+            message=choice["message"], finish_reason=choice.get("finish_reason"),
+            usage=body.get("usage") or {},
+            completion_token_ids=_int_list(choice.get("token_ids")),
+            prompt_token_ids=_int_list(body.get("prompt_token_ids")),
+            latency_s=round(latency, 4), endpoint=url.removesuffix("/chat/completions"),
+            model=str(body.get("model") or self.model), attempts=attempt)

@@ -1,0 +1,118 @@
+"""The ``local`` backend: batched ``transformers`` generation on the verifier, no server.
+
+Prompts are rendered with the tokenizer's chat template (``add_generation_prompt=True`` plus
+``chat_template_kwargs``), left-padded so every row's last prompt token sits at the same position,
+and decoded greedily when ``temperature == 0`` (else sampled with ``temperature``/``top_p``).
+The completion ids kept are those the model emitted up to and including its first stop token,
+exactly like vLLM's ``token_ids``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from specdraft.generate.client import TurnOutput
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end generation: the model's ``generation_config.eos_token_id`` (int or list)
+    and the tokenizer's ``eos_token_id``."""
+    ids: list[int] = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        for i in (value if isinstance(value, (list, tuple)) else [value]):
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
+def cut_at_stop(ids: list[int], stops: list[int]) -> tuple[list[int], str]:
+    """``(ids up to and including the first stop id, finish_reason)``: ``"stop"`` when a stop id
+    was emitted, else ``"length"``."""
+    for i, t in enumerate(ids):
+        if t in stops:
+            return ids[: i + 1], "stop"
+    return ids, "length"
+
+
+class LocalBackend:
+    """Generates with an already-loaded ``model`` (``AutoModelForCausalLM``, eval mode) and its
+    ``tokenizer``, so a pipeline that loads the verifier once can reuse it.
+
+    ``name`` is recorded as the sample's ``model``.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None,
+                 name: str | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.name = name or str(getattr(model, "name_or_path", "") or "local")
+        self.stops = stop_token_ids(model, tokenizer)
+        if not self.stops:
+            raise ValueError("the verifier has no eos token id: cannot tell when a turn ends")
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+            else self.stops[0]
+        self.endpoint = f"local:{model.device}"
+
+    @classmethod
+    def load(cls, verifier: str, *, device: str = "cpu", dtype: str = "auto",
+             **kwargs: Any) -> "LocalBackend":
+        """Load the verifier (HF dir, ``.gguf`` or ``"smollm2"``) via
+        :mod:`specdraft.core.verifier`; ``kwargs`` go to the constructor."""
+        from specdraft.core.verifier import load_tokenizer, load_verifier
+
+        model = load_verifier(verifier, dtype=dtype, device=device)
+        tok = load_tokenizer(verifier)
+        return cls(model, tok, name=kwargs.pop("name", None) or Path(str(verifier)).name,
+                   **kwargs)
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text of ``messages`` with the generation prompt appended."""
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs)
+
+    def generate(self, conversations: list[list[dict[str, Any]]]) -> list[TurnOutput]:
+        """One assistant turn for each conversation, as a single left-padded batch."""
+        import torch
+
+        texts = [self.render(c) for c in conversations]
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
+                             add_special_tokens=False).to(self.model.device)
+        t0 = time.perf_counter()
+        if self.seed is not None:
+            torch.manual_seed(self.seed)
+        with torch.inference_mode():
+            out = self.model.generate(**enc, **self._gen_kwargs())  # [B, T_prompt + T_new]
+        latency = (time.perf_counter() - t0) / len(texts)
+        new = out[:, enc["input_ids"].shape[1]:].tolist()  # [B, T_new]
+        prompts = [row[m.bool()].tolist() for row, m in zip(enc["input_ids"],
+                                                             enc["attention_mask"])]
+        return [self._output(ids, p, latency) for ids, p in zip(new, prompts)]
+
+    def _gen_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"max_new_tokens": self.max_tokens, "eos_token_id": self.stops,
+                              "pad_token_id": self.pad_id}
+        if self.temperature > 0:
+            kw.update(do_sample=True, temperature=self.temperature, top_p=self.top_p)
+        else:
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        return kw
+
+    def _output(self, ids: list[int], prompt_ids: list[int], latency: float) -> TurnOutput:
+        ids, finish = cut_at_stop(ids, self.stops)
+        body = ids[:-1] if finish == "stop" else ids
+        text = self.tokenizer.decode(body, skip_special_tokens=False)
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                 "total_tokens": len(prompt_ids) + len(ids)}
+        return TurnOutput(message={"role": "assistant", "content": text}, finish_reason=finish,
+                          usage=usage, completion_token_ids=ids, prompt_token_ids=prompt_ids,
+                          latency_s=round(latency, 4), endpoint=self.endpoint, model=self.name)

@@ -1,0 +1,106 @@
+"""Progress of a generate run: a log line at a steady cadence, a bar on a TTY, a final summary.
+
+The line reads ``Progress: 9850/10000 (0 errors), 0.5 req/s, avg completion: 1941 tokens,
+elapsed: 18547s, ETA: 0.1h`` (req/s = finished samples per wall second of this run).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from typing import Any, Callable, TextIO
+
+
+def progress_line(done: int, total: int, errors: int, elapsed_s: float,
+                  completion_tokens: int) -> str:
+    """The progress line for ``done`` of ``total`` samples after ``elapsed_s`` seconds."""
+    rate = done / elapsed_s if elapsed_s > 0 else 0.0
+    avg = completion_tokens / done if done else 0.0
+    eta = f"{(total - done) / rate / 3600:.1f}h" if rate > 0 else "?"
+    return (f"Progress: {done}/{total} ({errors} errors), {rate:.1f} req/s, "
+            f"avg completion: {avg:.0f} tokens, elapsed: {elapsed_s:.0f}s, ETA: {eta}")
+
+
+class Progress:
+    """Counts finished samples; prints :func:`progress_line` every ``interval_s`` seconds to
+    ``stream`` and, when ``stream`` is a TTY, drives a ``tqdm`` bar."""
+
+    def __init__(self, total: int, *, interval_s: float = 30.0, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total = total
+        self.interval_s = interval_s
+        self.stream = stream or sys.stderr
+        self.clock = clock
+        self.t0 = clock()
+        self._next = self.t0 + interval_s
+        self.done = 0
+        self.generated = 0
+        self.errors = 0
+        self.rejected: Counter[str] = Counter()
+        self.completion_tokens = 0
+        self.with_reasoning = 0
+        self._bar = None
+        if self.stream.isatty() and total > 0:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, file=self.stream, unit="sample", dynamic_ncols=True)
+
+    def update(self, *, reject: str | None, completion_tokens: int, reasoning: bool) -> None:
+        """One sample finished (``reject`` = its reason, or None when generated)."""
+        self.done += 1
+        self.completion_tokens += completion_tokens
+        if reject is None:
+            self.generated += 1
+            self.with_reasoning += int(reasoning)
+        else:
+            self.rejected[reject] += 1
+            self.errors += int(reject == "error")
+        if self._bar is not None:
+            self._bar.update(1)
+        self.tick()
+
+    def tick(self) -> None:
+        """Print the progress line if the cadence is due."""
+        now = self.clock()
+        if now >= self._next:
+            self._emit(progress_line(self.done, self.total, self.errors, now - self.t0,
+                                     self.completion_tokens))
+            self._next = now + self.interval_s
+
+    def _emit(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def summary(self) -> dict[str, Any]:
+        """Final figures of this run (samples finished now, not those skipped by resume)."""
+        elapsed = max(self.clock() - self.t0, 1e-9)
+        return {
+            "generated": self.generated, "rejected": dict(sorted(self.rejected.items())),
+            "errors": self.errors, "with_reasoning": self.with_reasoning,
+            "with_reasoning_pct": round(100 * self.with_reasoning / max(self.generated, 1), 1),
+            "completion_tokens": self.completion_tokens,
+            "completion_tokens_mean": round(self.completion_tokens / max(self.done, 1), 1),
+            "elapsed_s": round(elapsed, 3), "req_per_s": round(self.done / elapsed, 3),
+            "tokens_per_s": round(self.completion_tokens / elapsed, 1),
+        }
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """Human-readable lines for :meth:`Progress.summary`."""
+    rej = ", ".join(f"{k}={v}" for k, v in s["rejected"].items()) or "none"
+    return "\n".join([
+        f"generated: {s['generated']}   rejected: {sum(s['rejected'].values())} ({rej})   "
+        f"errors: {s['errors']}",
+        f"with reasoning: {s['with_reasoning']} ({s['with_reasoning_pct']}%)",
+        f"completion tokens: {s['completion_tokens']} total, {s['completion_tokens_mean']} mean",
+        f"elapsed: {s['elapsed_s']:.1f}s   {s['req_per_s']:.2f} req/s   "
+        f"{s['tokens_per_s']:.1f} tokens/s",
+    ])

@@ -1,0 +1,314 @@
+"""``specdraft generate``: answer every prompt with the verifier and write
+``RUN/generate/samples.jsonl`` (finished samples) and ``rejects.jsonl`` (each with its reason).
+
+Resume (``--resume``): a torn last line of either file is cut (and reported); ids already in
+``samples.jsonl`` are skipped, and so are ids rejected for a reason the model caused
+(``truncated``, ``malformed_think``, ``empty_answer``, ``empty_reasoning``): rerunning them would
+give the same answer. Ids rejected with ``error`` (server/network failure after retries) are
+retried: their old lines are removed from ``rejects.jsonl`` (rewritten atomically) before work
+starts. Completion order never matters: each finished sample is one whole JSONL line, appended
+in flushed, fsynced batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from specdraft.core.atomic import atomic_open
+from specdraft.core.errors import ConfigError
+from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
+from specdraft.core.manifest import StageClock, file_sha256, write_manifest
+from specdraft.core.rejects import Rejects
+from specdraft.core.rundir import open_stage_dir
+from specdraft.generate.config import GenerateConfig
+from specdraft.generate.inputs import Prompt, read_prompts
+from specdraft.generate.progress import Progress, format_summary
+from specdraft.generate.samples import Checks, SampleState
+
+STAGE = "generate"
+SAMPLES = "samples.jsonl"
+REJECTS = "rejects.jsonl"
+RETRIED_REASONS = frozenset({"error"})
+
+
+@dataclass
+class PriorState:
+    """What an interrupted run left: finished ids, reject counts kept, torn bytes cut."""
+
+    done: set[str] = field(default_factory=set)
+    samples: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    retried: set[str] = field(default_factory=set)
+    duplicate_keys: set[tuple[str, str]] = field(default_factory=set)
+    torn_bytes: dict[str, int] = field(default_factory=dict)
+
+
+def load_prior(out: Path) -> PriorState:
+    """Repair torn tails, read finished ids, drop ``error`` rejects (to be retried)."""
+    st = PriorState(torn_bytes={n: repair_torn_tail(out / n) for n in (SAMPLES, REJECTS)})
+    if (out / SAMPLES).exists():
+        for _, rec in iter_jsonl(out / SAMPLES):
+            st.done.add(rec["id"])
+            st.samples += 1
+    if (out / REJECTS).exists():
+        kept = []
+        for _, rec in iter_jsonl(out / REJECTS):
+            if rec["reason"] in RETRIED_REASONS:
+                st.retried.add(rec["id"])
+                continue
+            kept.append(rec)
+            st.rejected[rec["reason"]] += 1
+            if rec["reason"] == "duplicate":
+                st.duplicate_keys.add((rec["id"], rec.get("source", "")))
+            else:
+                st.done.add(rec["id"])
+        if st.retried:
+            with atomic_open(out / REJECTS, "w", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+    st.retried -= st.done
+    return st
+
+
+class Sink:
+    """Buffers finished samples and writes them with the rejects in flushed, fsynced batches
+    (every ``flush_every`` samples or ``flush_interval_s`` seconds, and on :meth:`close`)."""
+
+    def __init__(self, out: Path, config: GenerateConfig, progress: Progress) -> None:
+        self.writer = JsonlWriter(out / SAMPLES)
+        self.rejects = Rejects(out, REJECTS)
+        self.config = config
+        self.progress = progress
+        self.meta = {"chat_template_kwargs": config.chat_template_kwargs,
+                     "sampling": config.sampling(), "backend": config.backend}
+        self.buffer: list[dict[str, Any]] = []
+        self.pending = 0
+        self.written = 0
+        self._last = time.monotonic()
+
+    def put(self, state: SampleState) -> None:
+        """A finished sample: buffered as a record, or added to the rejects."""
+        reason = state.reject[0] if state.reject else None
+        if reason is None:
+            self.buffer.append(state.record(self.meta))
+        else:
+            self.rejects.add(state.prompt.id, reason, state.reject[1], **state.reject_fields())
+        self.pending += 1
+        self.progress.update(reject=reason, completion_tokens=state.completion_tokens(),
+                             reasoning=state.has_reasoning())
+        self.maybe_flush()
+
+    def maybe_flush(self) -> None:
+        due = time.monotonic() - self._last >= self.config.flush_interval_s
+        if self.pending >= self.config.flush_every or (self.pending and due):
+            self.flush()
+
+    def flush(self) -> None:
+        self.written += self.writer.write_batch(self.buffer)
+        self.rejects.flush()
+        self.buffer.clear()
+        self.pending = 0
+        self._last = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+        self.rejects.close()
+
+
+def _checks(config: GenerateConfig) -> Checks:
+    return Checks(open_tag=config.think_open, close_tag=config.think_close,
+                  require_reasoning=config.require_reasoning,
+                  malformed_think=config.malformed_think)
+
+
+def _select(config: GenerateConfig, out: Path, prior: PriorState, sink: Sink
+            ) -> tuple[list[Prompt], dict[str, int]]:
+    """Prompts still to do, after ``--limit`` and resume; duplicates go to the rejects."""
+    prompts, dups = read_prompts(config.prompts, fields=config.field_map(),
+                                 sampling=config.sampling(),
+                                 chat_template_kwargs=config.chat_template_kwargs,
+                                 system_prompt=config.system_prompt)
+    rows = len(prompts) + len(dups)
+    if config.limit is not None:
+        prompts = prompts[: config.limit]
+    chosen = {p.id for p in prompts}
+    for d in dups:
+        if d.id in chosen and (d.id, d.source) not in prior.duplicate_keys:
+            sink.rejects.add(d.id, "duplicate", "same conversation and sampling as an earlier "
+                             "row", source=d.source)
+    todo = [p for p in prompts if p.id not in prior.done]
+    counts = {"rows_in": rows, "unique_prompts": rows - len(dups), "selected": len(prompts),
+              "already_done": len(prompts) - len(todo),
+              "orphan_ids": len(prior.done - chosen)}
+    return todo, counts
+
+
+def run(config: GenerateConfig, *, verifier: Any = None, stream: TextIO | None = None
+        ) -> dict[str, Any]:
+    """Run the generate stage; return its manifest.
+
+    ``verifier``: for ``backend="local"``, an already-loaded
+    :class:`~specdraft.generate.local_backend.LocalBackend` or ``(model, tokenizer)`` pair, so
+    a pipeline loads the verifier once; None loads ``config.verifier``. ``stream`` receives the
+    progress lines and summary (default stderr).
+
+    Raises :class:`~specdraft.core.errors.StageDirError` on non-empty output without
+    ``--resume``/``--overwrite``, :class:`~specdraft.core.errors.InputError` on a bad prompt
+    row, :class:`ConfigError` on a missing API key variable. ``KeyboardInterrupt`` propagates
+    after every finished sample has been written (the state is resumable).
+    """
+    clock = StageClock()
+    api_key = _api_key(config)
+    out = open_stage_dir(config.run_dir, STAGE, resume=config.resume,
+                         overwrite=config.overwrite)
+    prior = load_prior(out)
+    for name, cut in prior.torn_bytes.items():
+        if cut:
+            _say(stream, f"generate: cut a torn last line ({cut} bytes) from {out / name}")
+    progress = Progress(0, interval_s=config.progress_interval_s, stream=stream)
+    sink = Sink(out, config, progress)
+    facts: dict[str, Any] = {}
+    try:
+        todo, counts = _select(config, out, prior, sink)
+        progress.total = len(todo)
+        if config.backend == "openai":
+            facts = asyncio.run(_run_openai(todo, config, sink, api_key))
+        else:
+            facts = _run_local(todo, config, sink, verifier)
+    finally:
+        sink.close()
+        progress.close()
+    summary = progress.summary()
+    _say(stream, format_summary(summary))
+    return _finish(config, out, clock, prior, sink, counts, summary, facts)
+
+
+def _finish(config: GenerateConfig, out: Path, clock: StageClock, prior: PriorState,
+            sink: Sink, counts: dict[str, int], summary: dict[str, Any],
+            facts: dict[str, Any]) -> dict[str, Any]:
+    rejected = prior.rejected + sink.rejects.counts
+    counts = {**counts, "retried_errors": len(prior.retried), "finished_this_run":
+              sink.progress.done, "samples": prior.samples + sink.written,
+              "rejected": dict(sorted(rejected.items()))}
+    extra = {"summary": summary, "torn_tail_bytes_cut": prior.torn_bytes, **facts,
+             "reject_policy_on_resume": "error rejects retried; other reasons kept"}
+    return write_manifest(out, stage=STAGE, config=config, clock=clock,
+                          inputs={"prompts": file_sha256(config.prompts)}, counts=counts,
+                          extra=extra)
+
+
+def _say(stream: TextIO | None, text: str) -> None:
+    import sys
+
+    print(text, file=stream or sys.stderr, flush=True)
+
+
+def _api_key(config: GenerateConfig) -> str | None:
+    if config.api_key_env is None:
+        return None
+    key = os.environ.get(config.api_key_env)
+    if not key:
+        raise ConfigError(f"--api-key-env {config.api_key_env}: environment variable is not set")
+    return key
+
+
+def request_body(config: GenerateConfig) -> dict[str, Any]:
+    """Fields sent with every chat completion request (extra body fields last, so they win)."""
+    body: dict[str, Any] = {**config.sampling(), "stream": False}
+    if config.chat_template_kwargs:
+        body["chat_template_kwargs"] = config.chat_template_kwargs
+    if config.return_token_ids:
+        body["return_token_ids"] = True
+    return {**body, **config.extra_body}
+
+
+async def _run_openai(todo: list[Prompt], config: GenerateConfig, sink: Sink,
+                      api_key: str | None) -> dict[str, Any]:
+    from specdraft.generate.client import OpenAIBackend, RequestFailed
+
+    checks, it = _checks(config), iter(todo)
+    async with OpenAIBackend(config.endpoint, model=config.model, api_key=api_key,
+                             body_defaults=request_body(config),
+                             concurrency=config.concurrency, timeout_s=config.timeout_s,
+                             max_retries=config.max_retries, backoff_base_s=config.backoff_base_s,
+                             backoff_max_s=config.backoff_max_s, seed=config.seed) as be:
+        model = await _resolve_model(be)
+
+        async def worker() -> None:
+            for prompt in it:
+                state = SampleState(prompt)
+                while not state.done:
+                    try:
+                        state.add(await be.complete(state.request()), checks)
+                    except RequestFailed as err:
+                        state.fail(err.kind, str(err), err.attempts)
+                sink.put(state)
+
+        await _drive([worker() for _ in range(min(config.concurrency, len(todo)))], sink)
+    return {"model": model, "endpoints": be.urls, "retries": dict(sorted(be.retries.items())),
+            "failed_requests": dict(sorted(be.failures.items()))}
+
+
+async def _resolve_model(be: Any) -> str:
+    import httpx
+
+    try:
+        return await be.resolve_model()
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as err:
+        raise ConfigError(f"--endpoint {be.urls[0]}: could not list models "
+                          f"({type(err).__name__}: {err}); pass --model NAME") from None
+
+
+async def _drive(coros: list[Any], sink: Sink) -> None:
+    """Run the workers; a ticker flushes and prints progress while requests are in flight.
+    On cancellation (Ctrl-C) the workers are cancelled; finished samples stay in the sink."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            sink.progress.tick()
+            sink.maybe_flush()
+
+    tick = asyncio.ensure_future(ticker())
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in [*tasks, tick]:
+            t.cancel()
+        await asyncio.gather(*tasks, tick, return_exceptions=True)
+
+
+def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
+               verifier: Any) -> dict[str, Any]:
+    from specdraft.generate.local_backend import LocalBackend
+
+    kw = dict(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p,
+              seed=config.seed, chat_template_kwargs=config.chat_template_kwargs)
+    if isinstance(verifier, LocalBackend):
+        backend = verifier
+    elif verifier is not None:
+        model, tok = verifier
+        backend = LocalBackend(model, tok, name=Path(config.verifier).name, **kw)
+    elif todo:
+        backend = LocalBackend.load(config.verifier, device=config.device, dtype=config.dtype,
+                                    **kw)
+    else:
+        return {"model": Path(config.verifier).name}
+    checks = _checks(config)
+    for i in range(0, len(todo), config.batch_size):
+        states = [SampleState(p) for p in todo[i: i + config.batch_size]]
+        while active := [s for s in states if not s.done]:
+            outs = backend.generate([s.request() for s in active])
+            for s, o in zip(active, outs):
+                s.add(o, checks)
+        for s in states:
+            sink.put(s)
+    return {"model": backend.name, "endpoints": [backend.endpoint]}

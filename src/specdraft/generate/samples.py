@@ -1,0 +1,108 @@
+"""Turn backend outputs into ``generate/samples.jsonl`` records or rejects.
+
+A sample is answered turn by turn: the verifier's own answer to turn ``k`` (its answer text only,
+without reasoning) is in the history of turn ``k+1``. The first turn that fails a check rejects
+the whole sample with that reason; later turns are not generated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdraft.generate.client import TurnOutput
+from specdraft.generate.inputs import Prompt
+from specdraft.generate.reasoning import Split, extract
+
+#: Reject reasons of this stage (``error`` ones are retried by ``--resume``).
+REASONS = ("truncated", "malformed_think", "empty_answer", "empty_reasoning", "error",
+           "duplicate")
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What makes a turn a reject: think tags, ``require_reasoning``, ``malformed_think``."""
+
+    open_tag: str = "<think>"
+    close_tag: str = "</think>"
+    require_reasoning: bool = False
+    malformed_think: str = "reject"
+
+
+def verdict(split: Split, finish_reason: str | None, checks: Checks) -> tuple[str, str] | None:
+    """``(reason, detail)`` when the turn must be rejected, else None. Order: truncated,
+    malformed_think, empty_answer, empty_reasoning."""
+    if finish_reason == "length":
+        return "truncated", "finish_reason=length (raise --max-tokens)"
+    if split.problem and checks.malformed_think == "reject":
+        return "malformed_think", split.problem
+    if not split.content.strip():
+        return "empty_answer", f"no answer text (reasoning_source={split.source})"
+    if checks.require_reasoning and not (split.reasoning or "").strip():
+        return "empty_reasoning", "no reasoning although --require-reasoning"
+    return None
+
+
+@dataclass
+class SampleState:
+    """The conversation of one prompt being generated; :meth:`add` one turn at a time."""
+
+    prompt: Prompt
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    reject: tuple[str, str] | None = None
+    last: TurnOutput | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt.system is not None and not self.messages:
+            self.messages.append({"role": "system", "content": self.prompt.system})
+
+    @property
+    def done(self) -> bool:
+        return self.reject is not None or len(self.turns) == len(self.prompt.turns)
+
+    def request(self) -> list[dict[str, Any]]:
+        """The messages to send for the next turn (history answers without reasoning)."""
+        if not self.messages or self.messages[-1]["role"] != "user":
+            self.messages.append({"role": "user", "content": self.prompt.turns[len(self.turns)]})
+        return [{"role": m["role"], "content": m["content"]} for m in self.messages]
+
+    def add(self, out: TurnOutput, checks: Checks) -> None:
+        """Record the answer to the pending user turn; set :attr:`reject` if it fails a check."""
+        split = extract(out.message, open_tag=checks.open_tag, close_tag=checks.close_tag)
+        self.messages.append({"role": "assistant", "content": split.content,
+                              "reasoning": split.reasoning})
+        turn = {"message_index": len(self.messages) - 1, "finish_reason": out.finish_reason,
+                "reasoning_source": split.source, "usage": out.usage,
+                "completion_token_ids": out.completion_token_ids,
+                "prompt_token_ids": out.prompt_token_ids, "latency_s": out.latency_s,
+                "attempts": out.attempts, "endpoint": out.endpoint}
+        if split.problem:
+            turn["think_problem"] = split.problem
+        self.turns.append(turn)
+        self.last = out
+        bad = verdict(split, out.finish_reason, checks)
+        if bad is not None:
+            self.reject = (bad[0], f"turn {len(self.turns) - 1}: {bad[1]}")
+
+    def fail(self, kind: str, message: str, attempts: int) -> None:
+        """The pending turn's request failed for good: reject with reason ``error``."""
+        self.reject = ("error", f"turn {len(self.turns)}: {kind}: {message} "
+                                f"(after {attempts} attempts)")
+
+    def record(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """The ``samples.jsonl`` record (``meta``: chat_template_kwargs, sampling, backend)."""
+        last = self.last
+        return {"id": self.prompt.id, "messages": self.messages, "turns": self.turns,
+                "tools": None, **meta, "model": last.model if last else None,
+                "endpoint": last.endpoint if last else None, "source": self.prompt.source}
+
+    def reject_fields(self) -> dict[str, Any]:
+        """Extra fields of the reject line: source, messages so far (for inspection), turns."""
+        return {"source": self.prompt.source, "messages": self.messages, "turns": self.turns}
+
+    def completion_tokens(self) -> int:
+        return sum(int(t["usage"].get("completion_tokens") or 0) for t in self.turns)
+
+    def has_reasoning(self) -> bool:
+        return any(m.get("reasoning") for m in self.messages if m["role"] == "assistant")

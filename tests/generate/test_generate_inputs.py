@@ -1,0 +1,87 @@
+"""Prompt files: every accepted shape, field mapping, stable ids, clear errors."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from specdraft.core.errors import InputError
+from specdraft.generate.inputs import read_prompts, sample_id
+
+KW = dict(fields={"messages": "messages", "conversations": "conversations", "turns": "turns",
+                  "question": "question", "prompt": "prompt", "system": "system", "id": "id"},
+          sampling={"temperature": 0.0, "top_p": 1.0, "max_tokens": 16},
+          chat_template_kwargs={})
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_all_shapes(tmp_path):
+    rows = [
+        {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "u1"},
+                      {"role": "assistant", "content": "old"}, {"role": "user", "content": "u2"}]},
+        {"conversations": [{"from": "human", "value": "h1"}, {"from": "gpt", "value": "g"}]},
+        {"question_id": 81, "turns": ["t1", "t2"]},
+        {"question": "q", "answer": "ignored"},
+        {"prompt": "p", "id": "given"},
+    ]
+    prompts, dups = read_prompts(_jsonl(tmp_path / "p.jsonl", rows), **KW)
+    got = [(p.system, p.turns) for p in prompts]
+    assert got == [("S", ("u1", "u2")), (None, ("h1",)), (None, ("t1", "t2")),
+                   (None, ("q",)), (None, ("p",))]
+    assert prompts[2].id == "81" and prompts[4].id == "given" and dups == []
+    assert prompts[3].id == sample_id(None, ["q"], KW["sampling"], {})
+    assert prompts[3].source == f"{tmp_path / 'p.jsonl'}:4"
+
+
+def test_id_is_stable_and_depends_on_sampling():
+    a = sample_id("S", ["q"], {"temperature": 0.0}, {})
+    assert a == sample_id("S", ("q",), {"temperature": 0.0}, {})
+    assert a != sample_id("S", ["q"], {"temperature": 0.7}, {})
+    assert a != sample_id(None, ["q"], {"temperature": 0.0}, {})
+    assert len(a) == 20
+
+
+def test_field_mapping_and_parquet(tmp_path):
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"problem": ["x", "y"], "uid": ["a", "b"]}), path)
+    kw = {**KW, "fields": {**KW["fields"], "question": "problem", "id": "uid"}}
+    prompts, _ = read_prompts(path, **kw)
+    assert [(p.id, p.turns, p.source) for p in prompts] == [
+        ("a", ("x",), f"{path}[row 1]"), ("b", ("y",), f"{path}[row 2]")]
+
+
+def test_json_list(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}]))
+    assert [p.turns for p in read_prompts(path, **KW)[0]] == [("a",), ("b",)]
+
+
+def test_duplicates_are_returned_not_dropped(tmp_path):
+    prompts, dups = read_prompts(_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"},
+                                                                {"prompt": "a"}]), **KW)
+    assert [p.turns for p in prompts] == [("a",), ("b",)]
+    assert [(d.id, d.source) for d in dups] == [(prompts[0].id, f"{tmp_path / 'p.jsonl'}:3")]
+
+
+@pytest.mark.parametrize("row,msg", [
+    ({"text": "x"}, r"p.jsonl:2: none of the prompt fields"),
+    ({"conversations": [{"from": "robot", "value": "x"}]}, r"p.jsonl:2: .*unsupported role"),
+    ({"turns": []}, r"p.jsonl:2: 'turns' must be a non-empty list"),
+    ({"question": 5}, r"p.jsonl:2: 'question' must be a string"),
+    ({"prompt": "  "}, r"p.jsonl:2: empty user turn"),
+])
+def test_bad_rows_name_file_and_line(tmp_path, row, msg):
+    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, row])
+    with pytest.raises(InputError, match=msg):
+        read_prompts(path, **KW)
+
+
+def test_given_id_reused_for_other_prompt_is_an_error(tmp_path):
+    path = _jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}])
+    with pytest.raises(InputError, match=r"p.jsonl:2: id 'a' already used at .*p.jsonl:1"):
+        read_prompts(path, **KW)
