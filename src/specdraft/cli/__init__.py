@@ -18,6 +18,10 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 # Implemented verbs, in pipeline order: import the verb module, register its `command`.
 # (Each stage adds its own two lines here.)
+from specdraft.cli import generate as _generate  # noqa: E402
+app.command("generate")(_generate.command)
+from specdraft.cli import extract as _extract  # noqa: E402
+app.command("extract")(_extract.command)
 
 
 def main() -> None:
