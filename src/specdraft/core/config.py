@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from specdraft.core.errors import ConfigError
 
 
+RUN_CONTROL_FIELDS = frozenset({"resume", "overwrite"})
+
+
 class StageConfig(BaseModel):
     """Base class for stage configs (pydantic, frozen, unknown keys refused)."""
 
@@ -28,8 +31,13 @@ class StageConfig(BaseModel):
         return self.model_dump(mode="json")
 
     def config_hash(self) -> str:
-        """sha256 of the canonical JSON of this config (first 16 hex digits)."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical JSON of this config (first 16 hex digits).
+
+        Run-control fields (:data:`RUN_CONTROL_FIELDS`: ``resume``, ``overwrite``) are left out:
+        they change how a stage starts, not what it produces.
+        """
+        values = {k: v for k, v in self.to_dict().items() if k not in RUN_CONTROL_FIELDS}
+        blob = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @classmethod
