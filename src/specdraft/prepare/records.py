@@ -1,0 +1,135 @@
+"""Reading conversations: ``RUN/generate/samples.jsonl`` (docs/run-dir.md) or a ``--data`` file.
+
+``--data`` accepts, per record, OpenAI ``messages`` (``role``/``content``, optional
+``reasoning``/``reasoning_content``/``thinking``, ``tool_calls``, ``tool`` messages) or ShareGPT
+``conversations`` (``from``/``value``), plus optional ``id``, ``tools`` (list or JSON string) and
+``chat_template_kwargs``. Without a ``turns`` list every assistant message is a generated turn.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from specdraft.core.errors import InputError
+from specdraft.core.jsonl import iter_jsonl
+from specdraft.prepare.turns import TurnRejected
+
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                   "chatgpt": "assistant", "model": "assistant", "system": "system",
+                   "tool": "tool", "function_response": "tool", "observation": "tool",
+                   "function_call": "assistant"}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One conversation; ``turns`` are ``{"message_index", "finish_reason",
+    "completion_token_ids"}`` for each generated assistant message, in order."""
+
+    id: str
+    messages: list[dict[str, Any]]
+    turns: list[dict[str, Any]]
+    tools: list | None
+    kwargs: dict[str, Any]
+
+
+def iter_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield ``(where, record)`` with ``where`` = ``file:line`` (or ``file[row]``).
+
+    ``.jsonl``: line by line; ``.json``: a list of records; ``.parquet`` or a ``save_to_disk``
+    directory: through ``datasets``. Raises :class:`InputError` naming the file otherwise.
+    """
+    path = Path(path)
+    if path.is_dir() or path.suffix == ".parquet":
+        yield from _iter_dataset(path)
+    elif path.suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, list):
+            raise InputError(f"{path}: expected a JSON list of conversations")
+        yield from ((f"{path}[{i}]", r) for i, r in enumerate(data))
+    elif path.exists():
+        yield from ((f"{path}:{n}", r) for n, r in iter_jsonl(path))
+    else:
+        raise InputError(f"--data {path}: file not found")
+
+
+def _iter_dataset(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    import datasets
+
+    ds = (datasets.load_from_disk(str(path)) if path.is_dir()
+          else datasets.Dataset.from_parquet(str(path)))
+    if isinstance(ds, datasets.DatasetDict):
+        raise InputError(f"--data {path}: a DatasetDict; point at one split's directory")
+    for i, record in enumerate(ds):
+        yield f"{path}[{i}]", record
+
+
+def to_sample(record: dict[str, Any], where: str, default_kwargs: dict[str, Any]) -> Sample:
+    """Normalize a record; raises :class:`TurnRejected` (``bad_record``) naming what is wrong."""
+    sample_id = str(record.get("id") or where)
+    if isinstance(record.get("messages"), list):
+        messages = [dict(m) for m in record["messages"]]
+    elif isinstance(record.get("conversations"), list):
+        messages = [_from_sharegpt(m, where) for m in record["conversations"]]
+    else:
+        raise TurnRejected("bad_record", f"{where}: no 'messages' or 'conversations' list")
+    turns = record.get("turns")
+    if turns is None:
+        turns = [{"message_index": i, "finish_reason": m.get("finish_reason") or "stop",
+                  "completion_token_ids": m.get("completion_token_ids")}
+                 for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    _check_turns(messages, turns, where)
+    kwargs = record.get("chat_template_kwargs")
+    return Sample(id=sample_id, messages=messages, turns=list(turns),
+                  tools=_tools(record.get("tools"), where),
+                  kwargs=dict(default_kwargs if kwargs is None else kwargs))
+
+
+def _check_turns(messages: list[dict[str, Any]], turns: list[dict[str, Any]], where: str) -> None:
+    for t in turns:
+        i = t.get("message_index")
+        if not isinstance(i, int) or not 0 <= i < len(messages):
+            raise TurnRejected("bad_record", f"{where}: turn message_index {i!r} out of range")
+        if messages[i].get("role") != "assistant":
+            raise TurnRejected("bad_record", f"{where}: message {i} is not an assistant message")
+    for i, m in enumerate(messages):
+        if not isinstance(m.get("role"), str):
+            raise TurnRejected("bad_record", f"{where}: message {i} has no role")
+
+
+def _tools(tools: Any, where: str) -> list | None:
+    if tools in (None, "", []):
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            raise TurnRejected("bad_record", f"{where}: 'tools' is not valid JSON") from None
+    if not isinstance(tools, list):
+        raise TurnRejected("bad_record", f"{where}: 'tools' must be a list")
+    return tools
+
+
+def _from_sharegpt(message: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ShareGPT ``{"from", "value"}`` message as an OpenAI message (``function_call`` values,
+    JSON ``{"name", "arguments"}``, become an assistant ``tool_calls`` entry)."""
+    role = _SHAREGPT_ROLES.get(str(message.get("from", "")).lower())
+    if role is None:
+        raise TurnRejected("bad_record", f"{where}: unknown ShareGPT role {message.get('from')!r}")
+    out = {k: v for k, v in message.items() if k not in ("from", "value")}
+    out.update(role=role, content=message.get("value"))
+    if message.get("from") == "function_call":
+        try:
+            call = json.loads(message.get("value") or "")
+        except ValueError:
+            raise TurnRejected("bad_record", f"{where}: function_call value is not JSON") from None
+        out.update(content="", tool_calls=[{"type": "function", "function": call}])
+    return out
+
+
+def iter_turns(sample: Sample, which: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(turn_index, turn)`` for the supervised turns: all, or only the last (``which``)."""
+    indexed = list(enumerate(sample.turns))
+    yield from (indexed[-1:] if which == "last" else indexed)

@@ -1,0 +1,216 @@
+"""``specdraft prepare``: conversations -> ``RUN/prepare/dataset/`` with exact loss masks.
+
+Reads ``RUN/generate/samples.jsonl`` (or ``--data``), encodes every supervised assistant turn
+with :func:`specdraft.prepare.turns.encode_turn`, writes the dataset, ``rejects.jsonl`` and the
+manifest. Prepare is deterministic and cheap, so ``--resume`` simply runs it again over the
+same directory (outputs are replaced atomically).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from specdraft.core.errors import ConfigError
+from specdraft.core.manifest import StageClock, file_sha256, input_hash, write_manifest
+from specdraft.core.rejects import Rejects
+from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
+from specdraft.prepare import template as tpl
+from specdraft.prepare.config import PrepareConfig
+from specdraft.prepare.records import Sample, iter_records, iter_turns, to_sample
+from specdraft.prepare.stats import Summary
+from specdraft.prepare.turns import Rules, Turn, TurnRejected, encode_turn, message_reasoning
+from specdraft.prepare.writer import DatasetWriter
+
+STAGE = "prepare"
+
+
+def load_prepare_tokenizer(config: PrepareConfig) -> Any:
+    """The tokenizer: ``--tokenizer`` (HF dir, ``.gguf`` or ``smollm2``) else the verifier's."""
+    from specdraft.core.verifier import load_tokenizer
+
+    if config.tokenizer is None:
+        return load_tokenizer(config.verifier, trust_remote_code=config.trust_remote_code)
+    path = Path(config.tokenizer)
+    if path.is_dir():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path),
+                                             trust_remote_code=config.trust_remote_code)
+    return load_tokenizer(path, trust_remote_code=config.trust_remote_code)
+
+
+def make_renderer(config: PrepareConfig, tokenizer: Any) -> tuple[tpl.Renderer, str]:
+    """The renderer and where its template came from (``"tokenizer"`` or the override file)."""
+    if config.chat_template is not None:
+        path = Path(config.chat_template)
+        if not path.is_file():
+            raise ConfigError(f"--chat-template {path}: file not found")
+        return tpl.Renderer(tokenizer, path.read_text(encoding="utf-8"),
+                            config.add_special_tokens), str(path)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("the tokenizer has no chat template: pass --chat-template FILE")
+    template = tokenizer.chat_template
+    if isinstance(template, dict):  # several named templates: the default one renders chats
+        template = template.get("default") or next(iter(template.values()))
+    return tpl.Renderer(tokenizer, template, config.add_special_tokens), "tokenizer"
+
+
+def verifier_vocab_size(config: PrepareConfig, tokenizer: Any) -> int:
+    """Rows of the verifier's lm_head: ``vocab_size`` of an HF config.json, else the tokenizer
+    size (a GGUF's token list has one entry per embedding row)."""
+    from specdraft.core.verifier import resolve_verifier
+
+    try:
+        directory, gguf_file = resolve_verifier(config.verifier)
+    except ConfigError:
+        if config.tokenizer is None:
+            raise
+        return len(tokenizer)
+    if gguf_file is None:
+        cfg = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+        size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+        if size:
+            return int(size)
+    return len(tokenizer)
+
+
+def input_files(config: PrepareConfig) -> tuple[Path, dict[str, str]]:
+    """The conversation source and the ``inputs`` hashes for the manifest."""
+    if config.data is not None:
+        path = Path(config.data)
+        if not path.exists():
+            raise ConfigError(f"--data {path}: not found")
+        digest = file_sha256(path) if path.is_file() else _dir_hash(path)
+        return path, {"data": digest}
+    require_stage(config.run_dir, "generate")
+    gen = stage_dir(config.run_dir, "generate")
+    return gen / "samples.jsonl", {"generate": input_hash(gen)}
+
+
+def _dir_hash(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}:{file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
+class _Job:
+    """State of one prepare run: renderer, rules, outputs and counters."""
+
+    def __init__(self, config: PrepareConfig, renderer: tpl.Renderer, rules: Rules,
+                 out: Path, vocab_size: int) -> None:
+        self.config, self.renderer, self.rules = config, renderer, rules
+        self.rejects = Rejects(out, filename=f"rejects.jsonl.tmp-{os.getpid()}")
+        self.writer = DatasetWriter(out / f"dataset.arrow.tmp-{os.getpid()}")
+        self.summary = Summary(vocab_size)
+        self.kwargs_seen: Counter[str] = Counter()
+        self.ids_seen: set[str] = set()
+
+    def add_record(self, where: str, record: dict[str, Any]) -> None:
+        """Encode every supervised turn of one record (rows or rejects)."""
+        self.summary.samples_in += 1
+        try:
+            sample = to_sample(record, where, self.config.chat_template_kwargs)
+        except TurnRejected as err:
+            self.rejects.add(str(record.get("id") or where), err.reason, err.detail, where=where)
+            return
+        if sample.id in self.ids_seen:
+            self.rejects.add(sample.id, "duplicate_id", f"{where}: id seen before", where=where)
+            return
+        self.ids_seen.add(sample.id)
+        self.kwargs_seen[json.dumps(sample.kwargs, sort_keys=True)] += 1
+        for turn_index, meta in iter_turns(sample, self.config.turns):
+            self.summary.turns_in += 1
+            self.add_turn(sample, turn_index, meta)
+
+    def add_turn(self, sample: Sample, turn_index: int, meta: dict[str, Any]) -> None:
+        key = f"{sample.id}/{turn_index}"
+        message = sample.messages[meta["message_index"]]
+        turn = Turn(messages=sample.messages, message_index=meta["message_index"],
+                    reasoning=message_reasoning(message),
+                    finish_reason=meta.get("finish_reason") or "stop",
+                    completion_token_ids=meta.get("completion_token_ids"),
+                    tools=sample.tools, kwargs=sample.kwargs)
+        try:
+            if self.config.require_reasoning and not turn.reasoning.strip():
+                raise TurnRejected("no_reasoning", "--require-reasoning and the turn has none")
+            enc = encode_turn(self.renderer, turn, self.rules)
+        except TurnRejected as err:
+            self.rejects.add(key, err.reason, err.detail)
+            return
+        self.writer.add({"input_ids": enc.input_ids, "loss_mask": enc.loss_mask,
+                         "sample_id": sample.id, "turn_index": turn_index,
+                         "seq_len": len(enc.input_ids), "truncated": enc.truncated})
+        self.summary.add_row(enc.input_ids, enc.loss_mask, reasoning=bool(turn.reasoning.strip()),
+                             truncated=enc.truncated, scaffold=enc.scaffold)
+
+
+def run(config: PrepareConfig) -> dict[str, Any]:
+    """Run the prepare stage; return its manifest. Raises ConfigError / InputError /
+    StageDirError with a message naming the flag, file+line or directory."""
+    clock = StageClock()
+    out = open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
+    source, inputs = input_files(config)
+    tokenizer = load_prepare_tokenizer(config)
+    renderer, template_source = make_renderer(config, tokenizer)
+    think = tpl.resolve_think_tokens(tokenizer, config.think_tokens)
+    stop_ids = tpl.detect_stop_ids(renderer, config.stop_tokens)
+    rules = Rules(stop_ids=frozenset(stop_ids), think=think[0] if think else None,
+                  max_seq_len=config.max_seq_len, reasoning_format=config.reasoning_format)
+    vocab_size = verifier_vocab_size(config, tokenizer)
+    job = _Job(config, renderer, rules, out, max(vocab_size, len(tokenizer)))
+    try:
+        for n, (where, record) in enumerate(iter_records(source), 1):
+            job.add_record(where, record)
+            if n % 256 == 0:
+                job.rejects.flush()
+        job.writer.finish(out / "dataset")
+    except BaseException:
+        job.writer.abort()
+        raise
+    job.rejects.close()
+    os.replace(job.rejects.path, out / "rejects.jsonl")
+    figures = job.summary.figures(dict(job.rejects.counts))
+    extra = _facts(config, renderer, template_source, think, stop_ids, vocab_size, job)
+    counts = {"in": figures["samples_in"], "turns_in": figures["turns_in"],
+              "out": figures["tokenized"], "rejected": figures["rejected_by_reason"]}
+    return write_manifest(out, stage=STAGE, config=config, clock=clock, inputs=inputs,
+                          counts=counts, extra={**extra, "summary": figures})
+
+
+def _facts(config: PrepareConfig, renderer: tpl.Renderer, template_source: str,
+           think: Any, stop_ids: list[int], vocab_size: int, job: _Job) -> dict[str, Any]:
+    """Stage-specific manifest facts (tokenizer, template, think/stop ids, forced vocab ids)."""
+    tok = renderer.tokenizer
+    think_ids = list(think[1]) if think else []
+    used_special = job.summary.seen_special(tpl.added_token_ids(tok))
+    eos = [int(tok.eos_token_id)] if tok.eos_token_id is not None else []
+    return {
+        "tokenizer": {"path": config.tokenizer or config.verifier, "name": tok.name_or_path,
+                      "class": type(tok).__name__, "size": len(tok)},
+        "verifier_vocab_size": vocab_size,
+        "template": {"source": template_source, "sha256": renderer.template_hash},
+        "chat_template_kwargs": [{"kwargs": json.loads(k), "samples": n}
+                                 for k, n in sorted(job.kwargs_seen.items())],
+        "think_tokens": ({"opener": think[0][0], "closer": think[0][1], "ids": think_ids}
+                         if think else None),
+        "stop_token_ids": stop_ids,
+        "stop_tokens": [tok.convert_ids_to_tokens(i) for i in stop_ids],
+        "history_policy": tpl.history_policy(renderer, think[0] if think else None),
+        "encoding": {
+            "add_special_tokens": config.add_special_tokens,
+            "completion_span": "prompt+completion tokenized once; the prompt's tokens must be "
+                               "its exact prefix; completion_token_ids used verbatim",
+            "label_rule": "position p is supervised iff loss_mask[p+1] == 1 "
+                          "(specdraft.prepare.labels.next_token_targets)"},
+        "forced_token_ids": {
+            "eos": eos, "stop": stop_ids, "think": think_ids,
+            "template_special": sorted(set(tpl.template_special_ids(renderer)) | set(used_special)),
+            "byte_fallback": tpl.byte_fallback_ids(tok)},
+    }

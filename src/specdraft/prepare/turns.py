@@ -1,0 +1,253 @@
+"""One supervised assistant turn -> ``input_ids`` and ``loss_mask``: the core invariant of
+specdraft.
+
+Invariant: every token with ``loss_mask == 1`` is a token the serving engine generated, after
+exactly the prompt tokens it rendered. How a turn is encoded:
+
+1. ``prompt = render(history, add_generation_prompt=True)`` with the sample's
+   ``chat_template_kwargs`` and ``tools``; ``P = encode(prompt)``: what the server fed the model.
+2. If the server returned ``completion_token_ids``, the sequence is ``P + ids`` verbatim.
+3. Otherwise ``full = render(history + [turn])``. When ``full`` starts with ``prompt`` the
+   completion is what follows. When it does not, the two renders must agree on the history
+   (``render(history)`` is a prefix of both) and differ only by a known scaffold at the end of the
+   generation prompt (longest common prefix):
+
+   - an empty think block the template inserts (``enable_thinking=false``): the completion is the
+     rendered turn after the common prefix (only for turns without reasoning);
+   - a think opener ending the generation prompt (DeepSeek-R1 style) while the template drops the
+     turn's reasoning: the completion is ``reasoning_format`` (reasoning + closer) + the answer.
+
+   Anything else is rejected as ``template_mismatch``.
+4. The whole text ``prompt + completion`` is tokenized ONCE (not piece by piece: BPE can merge
+   across piece boundaries) and the completion is what follows ``P`` when the row starts with
+   exactly ``P``; when a merge crosses the prompt's end, the prompt stays ``P`` (what the server
+   fed) and the completion is tokenized on its own (see :func:`completion_ids`). The
+   completion ends at the first stop token; template text after it (e.g. ``\\n``) is never
+   generated, so it is dropped; it must be whitespace (else ``stop_token_in_content``).
+5. ``loss_mask`` is 0 on ``P``, 1 on the completion and the stop token. A turn cut by the
+   server's ``max_tokens`` (``finish_reason == "length"``) has no stop token and is marked
+   truncated; so is a completion cut at ``max_seq_len``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from specdraft.prepare.template import Renderer, TemplateError, with_reasoning_fields
+
+
+class TurnRejected(Exception):
+    """A turn that cannot be encoded with a correct mask; ``reason`` is the rejects.jsonl key."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A supervised assistant turn of a sample.
+
+    ``messages[message_index]`` is the assistant message; ``reasoning`` is its reasoning text
+    (may be empty); ``finish_reason`` as the server reported it (``"stop"`` when unknown).
+    """
+
+    messages: list[dict[str, Any]]
+    message_index: int
+    reasoning: str
+    finish_reason: str
+    completion_token_ids: list[int] | None
+    tools: list | None
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """``input_ids`` [T] and ``loss_mask`` [T] (0/1) of one row, and how it was made.
+
+    ``n_prompt``: length of the unsupervised prompt; ``scaffold``: how the completion was found
+    (``None``, ``"empty_think_block"``, ``"think_opener"``, ``"token_ids"``, with
+    ``"+prompt_boundary"`` / ``"prompt_boundary"`` when tokenized apart from the prompt).
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    n_prompt: int
+    truncated: bool
+    scaffold: str | None
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Per-run encoding settings: stop ids, think tokens (names), limits."""
+
+    stop_ids: frozenset[int]
+    think: tuple[str, str] | None
+    max_seq_len: int
+    reasoning_format: str
+
+
+def encode_turn(renderer: Renderer, turn: Turn, rules: Rules) -> Encoded:
+    """Encode ``turn`` (see the module docstring). Raises :class:`TurnRejected`."""
+    history = [message_for_template(m) for m in turn.messages[:turn.message_index]]
+    prompt = _render(renderer, history, turn, generation=True)
+    prompt_ids = renderer.encode(prompt)
+    if len(prompt_ids) >= rules.max_seq_len:
+        raise TurnRejected("too_long", f"prompt has {len(prompt_ids)} tokens >= --max-seq-len "
+                                       f"{rules.max_seq_len}")
+    if turn.completion_token_ids is not None:
+        completion, scaffold = list(turn.completion_token_ids), "token_ids"
+        cut = turn.finish_reason == "length"
+    else:
+        text, scaffold = completion_text(renderer, history, prompt, turn, rules)
+        completion, split = completion_ids(renderer, prompt_ids, prompt, text)
+        completion, cut = end_at_stop(renderer, completion, turn, rules)
+        check_reasoning_kept(renderer, completion, turn)
+        if split:
+            scaffold = f"{scaffold}+prompt_boundary" if scaffold else "prompt_boundary"
+    return _assemble(prompt_ids, completion, cut, scaffold, rules.max_seq_len)
+
+
+def completion_ids(renderer: Renderer, prompt_ids: list[int], prompt: str,
+                   text: str) -> tuple[list[int], bool]:
+    """Token ids of the completion ``text`` generated after ``prompt`` (= ``prompt_ids``), and
+    whether they had to be tokenized apart from the prompt.
+
+    ``prompt + text`` is tokenized once; when its first tokens are exactly ``prompt_ids`` the
+    rest is the completion. When BPE merges across the boundary (``"</think>\n\n"`` ends a
+    prompt as one ``"\n\n"`` token but splits before a word), the server still saw
+    ``prompt_ids`` and generated from there, so the completion is ``text`` tokenized on its own;
+    a tokenizer that alters ``text`` alone (e.g. a SentencePiece prefix space) is rejected
+    (``token_boundary``).
+    """
+    full = renderer.encode(prompt + text)
+    if full[:len(prompt_ids)] == prompt_ids:
+        return full[len(prompt_ids):], False
+    alone = renderer.encode(text)
+    if renderer.decode(alone) != text:
+        raise TurnRejected("token_boundary", "the completion cannot be tokenized apart from the "
+                           "prompt without changing it; supply completion_token_ids")
+    return alone, True
+
+
+def _assemble(prompt_ids: list[int], completion: list[int], cut: bool, scaffold: str | None,
+              max_seq_len: int) -> Encoded:
+    """Concatenate, cut at ``max_seq_len``, build the mask; reject an empty completion."""
+    room = max_seq_len - len(prompt_ids)
+    truncated = cut or len(completion) > room
+    completion = completion[:room]
+    if not completion:
+        raise TurnRejected("empty_completion", "no supervised token")
+    ids = prompt_ids + completion                                # [T]
+    mask = [0] * len(prompt_ids) + [1] * len(completion)         # [T]
+    return Encoded(ids, mask, len(prompt_ids), truncated, scaffold)
+
+
+def _render(renderer: Renderer, messages: list[dict[str, Any]], turn: Turn, *,
+            generation: bool) -> str:
+    try:
+        return renderer.render(messages, tools=turn.tools, kwargs=turn.kwargs,
+                               add_generation_prompt=generation)
+    except TemplateError as err:
+        raise TurnRejected("template_error", str(err)) from None
+
+
+def message_for_template(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as templates expect it: reasoning under every field name, None content as
+    ``""`` (string concatenation in templates fails on None)."""
+    reasoning = message_reasoning(message)
+    out = with_reasoning_fields(message, reasoning)
+    if out.get("content") is None:
+        out["content"] = ""
+    return out
+
+
+def message_reasoning(message: dict[str, Any]) -> str:
+    """The first non-empty of ``reasoning``, ``reasoning_content``, ``thinking`` (or ``""``)."""
+    for key in ("reasoning", "reasoning_content", "thinking"):
+        value = message.get(key)
+        if isinstance(value, str) and value.strip():
+            return value
+    return ""
+
+
+def completion_text(renderer: Renderer, history: list[dict[str, Any]], prompt: str, turn: Turn,
+                    rules: Rules) -> tuple[str, str | None]:
+    """The text the model generated after ``prompt``, stop token and template tail included,
+    and the scaffold handled (None when ``render(history + turn)`` extends ``prompt``).
+
+    Raises ``template_mismatch`` when the renders differ in the history or by an unknown
+    scaffold (see the module docstring).
+    """
+    message = message_for_template(turn.messages[turn.message_index])
+    full = _render(renderer, history + [message], turn, generation=False)
+    if full.startswith(prompt):
+        return full[len(prompt):], None
+    past = _render(renderer, history, turn, generation=False)
+    if not (prompt.startswith(past) and full.startswith(past)):
+        raise TurnRejected("template_mismatch", "the history renders differently with and "
+                           f"without the turn (first difference at char {_lcp(prompt, full)})")
+    common = _lcp(prompt, full)
+    scaffold, rest = prompt[common:], full[common:]
+    return _scaffold_completion(scaffold, rest, turn, rules)
+
+
+def _scaffold_completion(scaffold: str, rest: str, turn: Turn,
+                         rules: Rules) -> tuple[str, str]:
+    """Completion text for a generation prompt ending in ``scaffold`` that the rendered turn
+    lacks (its text is ``rest``); raises ``template_mismatch`` for unknown scaffolds."""
+    if rules.think is not None:
+        opener, closer = (re.escape(t) for t in rules.think)
+        if re.fullmatch(rf"\s*{opener}\s*{closer}\s*", scaffold):
+            if turn.reasoning.strip():
+                raise TurnRejected("template_mismatch", "the generation prompt holds an empty "
+                                   "think block but the turn has reasoning")
+            return rest, "empty_think_block"
+        if re.fullmatch(rf"\s*{opener}\s*", scaffold):
+            joined = rules.reasoning_format.format(reasoning=turn.reasoning.strip("\n"),
+                                                   close=rules.think[1])
+            return joined + rest.lstrip(), "think_opener"
+    raise TurnRejected("template_mismatch", f"the generation prompt ends with {scaffold[:80]!r}, "
+                       f"which the rendered turn lacks (rendered: {rest[:80]!r})")
+
+
+def end_at_stop(renderer: Renderer, completion: list[int], turn: Turn,
+                rules: Rules) -> tuple[list[int], bool]:
+    """Cut ``completion`` after its first stop token; return ``(ids, cut_by_max_tokens)``.
+
+    Template text after the stop token must be whitespace/special (it is never generated).
+    ``finish_reason == "length"``: the model emitted no stop token, so it is dropped too; a turn
+    cut inside its reasoning (no answer yet) is rejected, since the template would add a closer
+    the model never emitted.
+    """
+    hits = [i for i, t in enumerate(completion) if t in rules.stop_ids]
+    if not hits:
+        raise TurnRejected("no_stop_token", f"the rendered turn holds none of the stop tokens "
+                           f"{sorted(rules.stop_ids)}; set --stop-tokens")
+    j = hits[0]
+    if renderer.decode(completion[j + 1:], skip_special=True).strip():
+        raise TurnRejected("stop_token_in_content", "a stop token occurs inside the turn's text")
+    if turn.finish_reason != "length":
+        return completion[:j + 1], False
+    content = turn.messages[turn.message_index].get("content") or ""
+    if turn.reasoning.strip() and not str(content).strip():
+        raise TurnRejected("cut_in_reasoning", "generation hit max_tokens inside the reasoning")
+    return completion[:j], True
+
+
+def check_reasoning_kept(renderer: Renderer, completion: list[int], turn: Turn) -> None:
+    """Reject (``reasoning_dropped``) a turn whose reasoning the template did not render: its
+    mask would teach the drafter to skip the thinking the model actually generated."""
+    wanted = turn.reasoning.strip()
+    if wanted and wanted not in renderer.decode(completion):
+        raise TurnRejected("reasoning_dropped", "the template does not render this turn's "
+                           "reasoning; pass --chat-template with one that does, or token ids")
+
+
+def _lcp(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings."""
+    return len(os.path.commonprefix([a, b]))
