@@ -20,6 +20,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 # (Each stage adds its own two lines here.)
 from specdraft.cli import generate as _generate  # noqa: E402
 app.command("generate")(_generate.command)
+from specdraft.cli import prepare as _prepare  # noqa: E402
+app.command("prepare")(_prepare.command)
 from specdraft.cli import extract as _extract  # noqa: E402
 app.command("extract")(_extract.command)
 
