@@ -22,6 +22,8 @@ from specdraft.cli import generate as _generate  # noqa: E402
 app.command("generate")(_generate.command)
 from specdraft.cli import prepare as _prepare  # noqa: E402
 app.command("prepare")(_prepare.command)
+from specdraft.cli import vocab as _vocab  # noqa: E402
+app.command("vocab")(_vocab.command)
 from specdraft.cli import extract as _extract  # noqa: E402
 app.command("extract")(_extract.command)
 

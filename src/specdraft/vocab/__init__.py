@@ -1,0 +1,1 @@
+"""``specdraft vocab``: the draft vocabulary (``d2t``/``t2d``) from the supervised tokens."""
