@@ -1,0 +1,1 @@
+"""``specdraft export``: write a trained drafter in the format vLLM, SGLang or speculators loads."""

@@ -1,0 +1,42 @@
+"""Settings of ``specdraft export`` (field names = CLI flags with ``_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from specdraft.core.config import StageConfig
+
+
+class ExportConfig(StageConfig):
+    """Frozen settings of the export stage; validated on construction.
+
+    The trained drafter is ``drafter`` (a specdraft drafter directory) or ``RUN/train/best``.
+    ``out`` defaults to ``RUN/export/<format>``. ``embed``: ``copy`` writes the verifier's
+    embedding (from ``RUN/extract/verifier_head.safetensors`` or ``--verifier``), ``omit`` leaves
+    it out (both engines then share the verifier's), ``auto`` copies when the verifier's
+    embedding is known. ``verifier_name`` is written as the speculators format's
+    ``verifier.name_or_path`` (default: ``--verifier``). ``dtype``: ``auto`` keeps the trained
+    dtype of the float tensors.
+    """
+
+    run_dir: Path | None = None
+    drafter: Path | None = None
+    format: Literal["sglang", "vllm", "speculators"] = "sglang"
+    out: Path | None = None
+    verifier: str | None = None
+    verifier_name: str | None = None
+    embed: Literal["auto", "copy", "omit"] = "auto"
+    speculative_tokens: int = Field(3, ge=1)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    overwrite: bool = False
+
+    @model_validator(mode="after")
+    def _need_source(self) -> "ExportConfig":
+        if self.run_dir is None and self.drafter is None:
+            raise ValueError("give --run-dir RUN (reads RUN/train/best) or --drafter DIR")
+        if self.run_dir is None and self.out is None:
+            raise ValueError("--out DIR is required when no --run-dir is given")
+        return self

@@ -1,0 +1,253 @@
+"""Engine checkpoint formats: one function per format builds ``config.json`` and the weight names.
+
+Every rule below names the engine file it was read from (read for facts only; nothing copied).
+
+Aux-id conventions. specdraft's own convention (:data:`specdraft.models.eagle3.AUX_CONVENTION`,
+the one ``extract`` captures) is "aux id ``i`` = HF ``hidden_states[i]`` = the input to decoder
+layer ``i``". The engines read ids as follows:
+
+- **vLLM** (``vllm/v1/spec_decode/eagle/eagle3_utils.py`` → ``get_eagle3_aux_layers_from_config``
+  reads the draft config's top-level ``eagle_aux_hidden_state_layer_ids``;
+  ``vllm/model_executor/models/interfaces.py`` ``EagleModelMixin._maybe_add_hidden_state`` is
+  called with the index of the layer about to run, appending ``hidden_states + residual``): id
+  ``j`` = the input to layer ``j``, the same as ours. Identity conversion. Default when absent:
+  ``(2, N//2, N-3)`` (``get_eagle3_default_aux_hidden_state_layers`` of the verifier model).
+- **SGLang** (``python/sglang/srt/model_executor/model_runner.py`` passes
+  ``eagle_config.eagle_aux_hidden_state_layer_ids`` — only that key — to the verifier's
+  ``set_eagle3_layers_to_capture``; ``python/sglang/srt/models/llama.py`` captures
+  ``hidden_states + residual`` before layer ``c`` for each ``c`` in ``layers_to_capture``). Explicit
+  ids were historically shifted by +1 (id ``i`` = output of layer ``i``, captured before layer
+  ``i+1``); since SGLang PR #25454 (May 2026) the +1 is applied only when the first id is 1, else
+  ids are used as-is. Writing ``ours - 1`` when our first id is 2 (the default set) is read
+  identically by both rules. For a first id other than 1 or 2 the two SGLang rules disagree;
+  we write the current (post-#25454) reading. A first id of 1 cannot be expressed under the
+  current rule (``[0, ...]`` is the embedding, ``[1, ...]`` means ``hidden_states[2]``).
+  Default when absent: ``[2, N//2, N-3]`` unshifted.
+- **speculators** (``speculators/models/eagle3/core.py`` ``Eagle3DraftModel``; data generation
+  through vLLM): top-level ``eagle_aux_hidden_state_layer_ids``, vLLM's meaning. Identity.
+
+Omitting the ids is safe only when the drafter was trained on the default set ``[2, N//2, N-3]``
+(both engines then capture exactly those HF ``hidden_states``), which export still writes
+explicitly so that nothing depends on an engine default.
+
+fc input width. vLLM and SGLang build ``fc`` as ``3 * target_hidden_size`` (both
+``llama_eagle3.py`` files; ``hidden_size`` when ``target_hidden_size`` is absent), so only
+3-aux drafters load there; speculators builds it as ``len(eagle_aux_hidden_state_layer_ids) *
+transformer_layer_config.hidden_size``. :func:`fc_input_read` mirrors each rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from specdraft.models.eagle3 import Eagle3Config
+
+FORMATS = ("sglang", "vllm", "speculators")
+ENGINE_ARCH = "LlamaForCausalLMEagle3"  # vLLM registry and SGLang EntryClass both accept it
+SPECULATORS_ARCH = "Eagle3Speculator"
+
+# Checkpoint names (ours == the vLLM/SGLang names; speculators renames the decoder layer).
+# ``speculators/models/eagle3/core.py``: ``self.layers = ModuleList([first_layer, ...])``.
+SPECULATORS_RENAME = {"midlayer.": "layers.0."}
+
+
+# ------------------------------------------------------------------------ aux-id conventions
+def hf_to_vllm_ids(ids: list[int]) -> list[int]:
+    """Ours -> vLLM's top-level ``eagle_aux_hidden_state_layer_ids`` (identity; module doc)."""
+    return [int(i) for i in ids]
+
+
+def vllm_capture_hf_ids(written: list[int]) -> list[int]:
+    """What vLLM captures for written ids, as HF ``hidden_states`` indices (identity)."""
+    return [int(i) for i in written]
+
+
+def hf_to_sglang_ids(ids: list[int]) -> list[int]:
+    """Ours -> SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids``.
+
+    First id 2: ``ids - 1`` (read back identically before and after SGLang PR #25454). Other
+    first ids: as-is (the current rule). A first id of 1 has no SGLang spelling (module doc): it
+    is written as-is and :func:`specdraft.export.validate.check_aux_ids` refuses it.
+    """
+    ids = [int(i) for i in ids]
+    if ids and ids[0] == 2:
+        return [i - 1 for i in ids]
+    return ids
+
+
+def sglang_capture_hf_ids(written: list[int]) -> list[int]:
+    """What SGLang captures for written ids, as HF ``hidden_states`` indices.
+
+    The current rule (``set_eagle3_layers_to_capture`` after SGLang PR #25454): +1 when the
+    first id is 1, else as-is. Capture happens before layer ``c``, i.e. HF ``hidden_states[c]``.
+    """
+    written = [int(i) for i in written]
+    return [i + 1 for i in written] if written and written[0] == 1 else written
+
+
+def sglang_legacy_capture_hf_ids(written: list[int]) -> list[int]:
+    """The rule before SGLang PR #25454: every explicit id shifted by +1."""
+    return [int(i) + 1 for i in written]
+
+
+# ------------------------------------------------------------------------ config.json builders
+def llama_layer_config(c: Eagle3Config) -> dict[str, Any]:
+    """The Llama layer keys both engines read for the single draft layer (HF ``LlamaConfig``
+    names). ``max_position_embeddings`` and ``vocab_size`` are the verifier's."""
+    return {
+        "model_type": "llama", "hidden_size": c.hidden_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size, "hidden_act": c.hidden_act,
+        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
+        "rope_scaling": c.rope_scaling, "max_position_embeddings": c.max_position_embeddings,
+        "vocab_size": c.vocab_size, "num_hidden_layers": 1, "attention_bias": False,
+        "mlp_bias": False, "tie_word_embeddings": False,
+    }
+
+
+def engine_config(c: Eagle3Config, *, sglang_ids: bool) -> dict[str, Any]:
+    """``config.json`` for vLLM and SGLang (``LlamaForCausalLMEagle3``).
+
+    Keys read (``vllm/model_executor/models/llama_eagle3.py``, ``python/sglang/srt/models/
+    llama_eagle3.py``): the Llama layer keys, ``draft_vocab_size``, ``target_hidden_size``,
+    ``norm_before_residual`` (vLLM, default false; written explicitly), ``tie_word_embeddings``
+    (SGLang ties lm_head to embed_tokens when true), ``eagle_config.use_aux_hidden_state``.
+    Top-level ids are vLLM's; ``eagle_config``'s are SGLang's when ``sglang_ids`` else vLLM's.
+    """
+    ids = list(c.aux_layer_ids)
+    inner = hf_to_sglang_ids(ids) if sglang_ids else hf_to_vllm_ids(ids)
+    return {
+        "architectures": [ENGINE_ARCH], **llama_layer_config(c),
+        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
+        "norm_before_residual": c.norm_before_residual,
+        "eagle_aux_hidden_state_layer_ids": hf_to_vllm_ids(ids),
+        "eagle_config": {"use_aux_hidden_state": True,
+                         "eagle_aux_hidden_state_layer_ids": inner},
+        "torch_dtype": "bfloat16",
+    }
+
+
+def speculators_config(c: Eagle3Config, *, verifier_name: str,
+                       verifier_architectures: list[str],
+                       speculative_tokens: int) -> dict[str, Any]:
+    """``config.json`` of the speculators format (``speculators/models/eagle3/config.py``
+    ``Eagle3SpeculatorConfig``; ``speculators/config.py`` ``SpeculatorsConfig``/``VerifierConfig``;
+    ``speculators/proposals/greedy.py``). vLLM detects it by ``speculators_model_type``
+    (``vllm/transformers_utils/configs/speculators/``) and defaults ``norm_before_residual`` to
+    true there, so it is always written."""
+    return {
+        "architectures": [SPECULATORS_ARCH], "speculators_model_type": "eagle3",
+        "transformer_layer_config": llama_layer_config(c),
+        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
+        "norm_before_residual": c.norm_before_residual,
+        "eagle_aux_hidden_state_layer_ids": hf_to_vllm_ids(list(c.aux_layer_ids)),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy",
+                                  "speculative_tokens": int(speculative_tokens)}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": verifier_name,
+                         "architectures": list(verifier_architectures)},
+        },
+        "torch_dtype": "bfloat16",
+    }
+
+
+# ------------------------------------------------------------------------ weight names
+def rename(state: dict[str, torch.Tensor], mapping: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Apply prefix renames (``{"midlayer.": "layers.0."}``) to checkpoint names."""
+    out = {}
+    for name, t in state.items():
+        for old, new in mapping.items():
+            if name.startswith(old):
+                name = new + name[len(old):]
+        out[name] = t
+    return out
+
+
+def inverse(mapping: dict[str, str]) -> dict[str, str]:
+    return {v: k for k, v in mapping.items()}
+
+
+@dataclass(frozen=True)
+class Format:
+    """One engine format: its config builder, its rename of our checkpoint names, the rule the
+    engine uses to read the aux ids and the fc input width back from ``config.json``."""
+
+    name: str
+    rename: dict[str, str]
+    read_hf_ids: Callable[[dict[str, Any]], list[int] | None]
+    fc_input_read: Callable[[dict[str, Any]], int]
+
+
+def _vllm_ids(cfg: dict[str, Any]) -> list[int] | None:
+    ids = cfg.get("eagle_aux_hidden_state_layer_ids") or \
+        (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return vllm_capture_hf_ids(ids) if ids else None
+
+
+def _sglang_ids(cfg: dict[str, Any]) -> list[int] | None:
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return sglang_capture_hf_ids(ids) if ids else None
+
+
+def _engine_fc_input(cfg: dict[str, Any]) -> int:
+    # llama_eagle3.py (vLLM and SGLang): fc = Linear(target_hidden_size * 3, hidden_size)
+    return 3 * int(cfg.get("target_hidden_size") or cfg["hidden_size"])
+
+
+def _speculators_fc_input(cfg: dict[str, Any]) -> int:
+    # speculators/models/eagle3/core.py: Linear(num_aux * transformer_layer_config.hidden_size)
+    ids = cfg.get("eagle_aux_hidden_state_layer_ids")
+    return (len(ids) if ids else 3) * int(cfg["transformer_layer_config"]["hidden_size"])
+
+
+FORMAT_SPECS: dict[str, Format] = {
+    "sglang": Format("sglang", {}, _sglang_ids, _engine_fc_input),
+    "vllm": Format("vllm", {}, _vllm_ids, _engine_fc_input),
+    "speculators": Format("speculators", SPECULATORS_RENAME, _vllm_ids, _speculators_fc_input),
+}
+
+
+def build_config(fmt: str, c: Eagle3Config, *, verifier_name: str = "",
+                 verifier_architectures: list[str] | None = None,
+                 speculative_tokens: int = 3) -> dict[str, Any]:
+    """``config.json`` for ``fmt`` (one of :data:`FORMATS`). The ``sglang`` default also loads
+    in vLLM: vLLM reads the top-level ids, SGLang only ``eagle_config``'s."""
+    if fmt == "speculators":
+        return speculators_config(c, verifier_name=verifier_name,
+                                  verifier_architectures=verifier_architectures or [],
+                                  speculative_tokens=speculative_tokens)
+    return engine_config(c, sglang_ids=fmt == "sglang")
+
+
+def detect_format(cfg: dict[str, Any]) -> str:
+    """``speculators`` when ``speculators_model_type`` is set (vLLM's own test), else ``sglang``
+    when ``eagle_config``'s ids differ from the top-level ones, else ``vllm``."""
+    if "speculators_model_type" in cfg:
+        return "speculators"
+    inner = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    return "sglang" if inner is not None and inner != top else "vllm"
+
+
+def drafter_config_from_export(cfg: dict[str, Any], fmt: str) -> Eagle3Config:
+    """Rebuild :class:`Eagle3Config` from an exported ``config.json`` (ids back in our
+    convention, read the way ``fmt``'s engine reads them). Raises KeyError on a missing key."""
+    layer = cfg["transformer_layer_config"] if fmt == "speculators" else cfg
+    ids = FORMAT_SPECS[fmt].read_hf_ids(cfg)
+    if ids is None:
+        raise KeyError("eagle_aux_hidden_state_layer_ids")
+    return Eagle3Config(
+        hidden_size=layer["hidden_size"], num_attention_heads=layer["num_attention_heads"],
+        num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
+        intermediate_size=layer["intermediate_size"], rms_norm_eps=layer["rms_norm_eps"],
+        rope_theta=layer.get("rope_theta", 10000.0), rope_scaling=layer.get("rope_scaling"),
+        max_position_embeddings=layer["max_position_embeddings"],
+        vocab_size=layer["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"],
+        target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],
+        aux_layer_ids=tuple(ids), norm_before_residual=bool(cfg.get("norm_before_residual")))

@@ -1,0 +1,169 @@
+"""``specdraft export``: validate, then write ``config.json`` + ``model.safetensors`` for an engine.
+
+Order: read the trained state and the upstream facts (extraction aux ids, verifier embedding and
+layer count), build the candidate export in memory, collect every problem
+(:func:`specdraft.export.validate.check_export`) and refuse when there is any — nothing is written
+before that. The output directory is then written atomically (temp dir + rename) and the manifest
+last (``RUN/export/manifest.json``, or ``OUT/manifest.json`` without a run directory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdraft.core.atomic import atomic_dir, atomic_write_json
+from specdraft.core.errors import StageDirError
+from specdraft.core.manifest import StageClock, input_hash, read_manifest, write_manifest
+from specdraft.core.rundir import open_stage_dir, stage_dir
+from specdraft.export.config import ExportConfig
+from specdraft.export.formats import FORMAT_SPECS, build_config, rename
+from specdraft.export.reader import EXPORT_CONFIG, EXPORT_WEIGHTS, read_drafter
+from specdraft.export.validate import ExportRefused, check_export
+from specdraft.models.eagle3 import AUX_CONVENTION, Eagle3Config
+
+STAGE = "export"
+HEAD_FILE = "verifier_head.safetensors"
+
+
+def source_dir(config: ExportConfig) -> Path:
+    """The trained drafter directory: ``--drafter`` or ``RUN/train/best``."""
+    if config.drafter is not None:
+        return Path(config.drafter)
+    return stage_dir(config.run_dir, "train") / "best"
+
+
+def out_dir(config: ExportConfig) -> Path:
+    return Path(config.out) if config.out is not None else \
+        stage_dir(config.run_dir, STAGE) / config.format
+
+
+def upstream_facts(config: ExportConfig) -> dict[str, Any]:
+    """Extraction aux ids and layer count, verifier embedding / name / architectures, and the
+    hashes of the upstream manifests read. Missing upstream pieces are None."""
+    facts: dict[str, Any] = {"extract_ids": None, "n_layers": None, "embed": None,
+                             "verifier_name": config.verifier_name or config.verifier,
+                             "architectures": [], "inputs": {}}
+    if config.run_dir is not None:
+        for stage in ("extract", "train"):
+            if read_manifest(stage_dir(config.run_dir, stage)) is not None:
+                facts["inputs"][stage] = input_hash(stage_dir(config.run_dir, stage))
+        ex = read_manifest(stage_dir(config.run_dir, "extract"))
+        if ex is not None:
+            facts["extract_ids"] = [int(i) for i in ex.get("aux_layer_ids") or []] or None
+            facts["n_layers"] = ex.get("n_layers")
+            facts["verifier_name"] = facts["verifier_name"] or ex.get("config", {}).get("verifier")
+        head = stage_dir(config.run_dir, "extract") / HEAD_FILE
+        if head.exists():
+            facts["embed"] = load_file(str(head)).get("embed_tokens.weight")
+    if config.verifier is not None:
+        _verifier_facts(config.verifier, facts)
+    return facts
+
+
+def _verifier_facts(verifier: str, facts: dict[str, Any]) -> None:
+    """Layer count and architectures from the verifier's config; its embedding when the
+    extraction head did not provide it (loads the model)."""
+    from specdraft.core.verifier import load_verifier
+
+    model = load_verifier(verifier) if facts["embed"] is None else None
+    if model is not None:
+        facts["embed"] = model.get_input_embeddings().weight.detach().cpu()
+        hf = model.config
+    else:
+        from transformers import AutoConfig
+
+        from specdraft.core.verifier import resolve_verifier
+
+        directory, gguf = resolve_verifier(verifier)
+        hf = AutoConfig.from_pretrained(directory, gguf_file=gguf)
+    hf = getattr(hf, "text_config", None) or hf
+    facts["n_layers"] = facts["n_layers"] or hf.num_hidden_layers
+    facts["architectures"] = list(getattr(hf, "architectures", None) or [])
+
+
+def export_tensors(fmt: str, trained: dict[str, torch.Tensor], embed: torch.Tensor | None,
+                   dtype: str) -> dict[str, torch.Tensor]:
+    """The tensors to write, under ``fmt``'s names: the trained state minus its own embedding,
+    plus ``embed`` (the verifier's) when given; floats cast to ``dtype`` unless ``auto``."""
+    state = {k: v for k, v in trained.items() if k != "embed_tokens.weight"}
+    if embed is not None:
+        state["embed_tokens.weight"] = embed
+    if dtype != "auto":
+        to = getattr(torch, dtype)
+        state = {k: v.to(to) if v.is_floating_point() else v for k, v in state.items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    return rename(state, FORMAT_SPECS[fmt].rename)
+
+
+def embed_problems(config: ExportConfig, trained: dict[str, torch.Tensor],
+                   verifier_embed: torch.Tensor | None) -> list[str]:
+    """A trained embedding that is not the verifier's means the drafter was trained on the wrong
+    inputs; ``--embed copy`` needs the verifier's embedding."""
+    problems = []
+    own = trained.get("embed_tokens.weight")
+    if own is not None and verifier_embed is not None and \
+            (own.shape != verifier_embed.shape or not torch.equal(own, verifier_embed.to(own.dtype))):
+        problems.append("the trained state's embed_tokens.weight is not the verifier's embedding "
+                        "(random init or another model): the drafter was trained on inputs the "
+                        "engines will not give it; retrain with the verifier's embedding")
+    if config.embed == "copy" and verifier_embed is None:
+        problems.append("--embed copy: the verifier's embedding is unknown (no "
+                        "RUN/extract/verifier_head.safetensors); pass --verifier")
+    return problems
+
+
+def candidate(config: ExportConfig, c: Eagle3Config, trained: dict[str, torch.Tensor],
+              facts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config.json, tensors) of the export, in memory."""
+    embed = facts["embed"] if config.embed != "omit" else None
+    cfg = build_config(config.format, c, verifier_name=facts["verifier_name"] or "",
+                       verifier_architectures=facts["architectures"],
+                       speculative_tokens=config.speculative_tokens)
+    if config.dtype != "auto":
+        cfg["torch_dtype"] = config.dtype
+    else:
+        first = next(v for v in trained.values() if v.is_floating_point())
+        cfg["torch_dtype"] = str(first.dtype).removeprefix("torch.")
+    return cfg, export_tensors(config.format, trained, embed, config.dtype)
+
+
+def run(config: ExportConfig) -> dict[str, Any]:
+    """Validate and write the export; return its manifest.
+
+    Raises :class:`ExportRefused` listing every problem (nothing written), or
+    :class:`StageDirError` when the output exists and ``--overwrite`` was not given.
+    """
+    clock = StageClock()
+    src = read_drafter(source_dir(config))
+    out = out_dir(config)
+    if out.exists() and any(out.iterdir()) and not config.overwrite:
+        raise StageDirError(f"{out} exists; pass --overwrite to replace it")
+    facts = upstream_facts(config)
+    cfg, tensors = candidate(config, src.config, src.state, facts)
+    problems = embed_problems(config, src.state, facts["embed"])
+    problems += check_export(config.format, cfg, tensors, src.config, trained=src.state,
+                             verifier_embed=facts["embed"], extract_ids=facts["extract_ids"],
+                             n_layers=facts["n_layers"])
+    if problems:
+        raise ExportRefused(problems)
+    manifest_dir = out
+    if config.run_dir is not None:
+        manifest_dir = open_stage_dir(config.run_dir, STAGE, resume=True)
+    with atomic_dir(out) as tmp:
+        atomic_write_json(tmp / EXPORT_CONFIG, cfg)
+        save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
+    return write_manifest(
+        manifest_dir, stage=STAGE, config=config, clock=clock, inputs=facts["inputs"],
+        counts={"tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values())},
+        extra={"format": config.format, "out": str(out), "source": str(src.path),
+               "aux_layer_ids": list(src.config.aux_layer_ids), "aux_convention": AUX_CONVENTION,
+               "engine_aux_ids": {"top_level": cfg.get("eagle_aux_hidden_state_layer_ids"),
+                                  "eagle_config": (cfg.get("eagle_config") or {}).get(
+                                      "eagle_aux_hidden_state_layer_ids")},
+               "embed_tokens": "verifier copy" if "embed_tokens.weight" in tensors or
+               "layers.0.embed_tokens.weight" in tensors else "omitted (engines share the "
+               "verifier's)", "checked": "all export checks passed"})
