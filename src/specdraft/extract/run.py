@@ -1,0 +1,409 @@
+"""``specdraft extract``: run the verifier over the prepared rows and store its hidden states.
+
+Data-parallel under ``torchrun``: ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` are read here (and
+only here); rank ``r`` computes batches ``r, r+W, r+2W, …`` of the deterministic plan
+(:mod:`specdraft.extract.batching`), writes its own shards and index part, and rank 0 merges the
+index, writes the verifier head and the manifest after a barrier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from specdraft.core.atomic import atomic_write_json, atomic_write_text
+from specdraft.core.errors import InputError, StageDirError
+from specdraft.core.jsonl import iter_jsonl
+from specdraft.core.manifest import StageClock, input_hash, write_manifest
+from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
+from specdraft.extract.batching import pad_rows, plan_batches, plan_shards, rank_batches
+from specdraft.extract.capture import (CONVENTION, capture_packed, check_aux_ids,
+                                       default_aux_ids, num_layers)
+from specdraft.extract.config import ExtractConfig
+from specdraft.extract.source import HEAD_FILE, INDEX_FILE, DiskSource, row_key
+from specdraft.extract.storage import CODECS, Codec, row_bytes
+from specdraft.extract.writer import RankWriter, part_path, recover
+
+STAGE = "extract"
+PLAN_FILE = "plan.json"
+TARGET_DOC = (
+    "final hidden state (after the final norm) at the supervised positions, stored with the "
+    "aux codec; with verifier_head.safetensors it gives the exact full-vocabulary teacher "
+    "(any draft vocabulary, no top-k truncation) at H values per supervised token")
+
+
+# ---------------------------------------------------------------- distributed helpers
+
+
+def _dist_init() -> tuple[int, int, bool]:
+    """``(rank, world_size, created)`` from the torchrun environment; init the process group
+    (gloo on CPU, nccl on CUDA) when ``WORLD_SIZE > 1`` and none exists."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world == 1:
+        return 0, 1, False
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), False
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return rank, world, True
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+        dist.barrier()
+
+
+def _on_rank0(fn: Callable[[], Any], rank: int, world: int) -> Any:
+    """Run ``fn`` on rank 0 only; every rank raises if it failed (no rank hangs at a barrier)."""
+    result, error = None, None
+    if rank == 0:
+        try:
+            result = fn()
+        except Exception as err:  # noqa: BLE001 - re-raised below on every rank
+            error = err
+    if world > 1:
+        import torch.distributed as dist
+        box = [None if error is None else f"{type(error).__name__}: {error}"]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None and error is None:
+            raise StageDirError(f"rank 0 failed: {box[0]}")
+    if error is not None:
+        raise error
+    return result
+
+
+def _device(config: ExtractConfig) -> str:
+    if config.device != "auto":
+        return config.device
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return "cpu"
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _load_dataset(run_dir: Path) -> Any:
+    from datasets import load_from_disk
+
+    path = stage_dir(run_dir, "prepare") / "dataset"
+    ds = load_from_disk(str(path))
+    missing = {"input_ids", "loss_mask", "sample_id", "turn_index", "seq_len"} - set(
+        ds.column_names)
+    if missing:
+        raise InputError(f"{path}: columns {sorted(missing)} missing (see docs/run-dir.md)")
+    return ds
+
+
+def _row_table(ds: Any) -> tuple[list[str], list[int]]:
+    """Row keys and lengths in dataset order; raise :class:`InputError` on a duplicate key."""
+    keys = [row_key(s, t) for s, t in zip(ds["sample_id"], ds["turn_index"])]
+    seen: set[str] = set()
+    for k in keys:
+        if k in seen:
+            raise InputError(f"prepare dataset: row key {k} appears twice")
+        seen.add(k)
+    return keys, [int(n) for n in ds["seq_len"]]
+
+
+def _load_rows(ds: Any, rows: Sequence[int], keys: Sequence[str], seq_lens: Sequence[int]
+               ) -> tuple[list[list[int]], list[list[int]]]:
+    """``input_ids`` and ``loss_mask`` of ``rows``; :class:`InputError` names a bad row."""
+    data = ds[list(rows)]
+    for r, ids, mask in zip(rows, data["input_ids"], data["loss_mask"]):
+        if not len(ids) == len(mask) == seq_lens[r] or not ids:
+            raise InputError(f"prepare dataset row {keys[r]}: input_ids {len(ids)}, loss_mask "
+                             f"{len(mask)} and seq_len {seq_lens[r]} must be equal and > 0")
+    return data["input_ids"], data["loss_mask"]
+
+
+def _n_sup(ds: Any) -> list[int]:
+    """Supervised positions per row (``loss_mask[p+1] == 1``), for the plan and size estimate.
+
+    Computed on the Arrow column (prefix sums), without materialising Python lists.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    column = ds.with_format("arrow")["loss_mask"]
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out: list[int] = []
+    for chunk in chunks:
+        offsets = chunk.offsets.to_numpy()
+        values = chunk.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+        csum = np.concatenate([[0], np.cumsum(values)])
+        starts = np.minimum(offsets[:-1] - offsets[0] + 1, offsets[1:] - offsets[0])
+        out.extend((csum[offsets[1:] - offsets[0]] - csum[starts]).tolist())
+    return out
+
+
+# ---------------------------------------------------------------- plan, disk, resume
+
+
+def _plan(config: ExtractConfig, seq_lens: list[int], n_sup: list[int], groups: int,
+          hidden: int, rank: int, world: int) -> tuple[list, list[list[int]]]:
+    """This rank's batches and shard plan (deterministic; see :mod:`.batching`)."""
+    codec = CODECS[config.storage]
+    batches = rank_batches(plan_batches(seq_lens, config.batch_tokens), rank, world)
+    rows = [r for b in batches for r in b.rows]
+    sizes = [row_bytes(seq_lens[r], n_sup[r], groups, hidden, codec) for r in rows]
+    return batches, plan_shards(rows, sizes, int(config.shard_mb * 2**20))
+
+
+def _check_plan(out: Path, plan: dict[str, Any], resume: bool) -> None:
+    """Write ``plan.json``; on resume refuse settings that would change the shards."""
+    path = out / PLAN_FILE
+    if resume and path.exists():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in plan if old.get(k) != plan[k])
+        if changed:
+            raise StageDirError(f"{path}: --resume with changed settings {changed} (was "
+                                f"{ {k: old.get(k) for k in changed} }); use the same settings "
+                                f"or --overwrite")
+    atomic_write_json(path, plan)
+
+
+def _check_disk(out: Path, estimate: int) -> None:
+    """Print the estimated size; refuse when the free space (plus shards kept) is smaller."""
+    kept = sum(f.stat().st_size for f in (out / "shards").glob("*.safetensors"))
+    free = shutil.disk_usage(out).free
+    print(f"extract: estimated size {estimate / 2**30:.3f} GiB, free {free / 2**30:.1f} GiB",
+          file=sys.stderr)
+    if estimate - kept > free:
+        raise StageDirError(f"{out}: needs about {(estimate - kept) / 2**30:.2f} GiB but only "
+                            f"{free / 2**30:.2f} GiB are free")
+
+
+# ---------------------------------------------------------------- the extraction loop
+
+
+def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: dict[str, Any],
+                  rank: int) -> dict[str, Any]:
+    """Capture this rank's batches and write its shards; return its throughput stats."""
+    from tqdm import tqdm
+
+    codec, keys, seq_lens = ctx["codec"], ctx["keys"], ctx["seq_lens"]
+    batches, shards = ctx["batches"], ctx["shards"]
+    done = recover(out, rank, shards, codec)
+    done_rows = {r for s in done for r in shards[s]}
+    todo = [b for b in batches if any(r not in done_rows for r in b.rows)]
+    writer = RankWriter(out, rank, shards, done, keys, codec, ctx["metadata"],
+                        zstd_level=config.zstd_level)
+    bar = tqdm(total=sum(len(b.rows) * b.max_len for b in todo), unit="tok", unit_scale=True,
+               disable=rank != 0, desc="extract", file=sys.stderr)
+    t0, tokens, samples = time.monotonic(), 0, 0
+    try:
+        for batch in todo:
+            ids, masks = _load_rows(ds, batch.rows, keys, seq_lens)
+            packed = capture_packed(model, pad_rows(ids, masks), ctx["aux_ids"], codec)
+            writer.submit(batch.rows, ids, masks, packed)
+            tokens += sum(packed.lengths)
+            samples += len(batch.rows)
+            bar.update(len(batch.rows) * batch.max_len)
+            bar.set_postfix(samples=samples, written=f"{writer.bytes_written / 2**20:.1f}MiB")
+    except BaseException:
+        writer.close(strict=False)
+        raise
+    finally:
+        bar.close()
+    writer.close()
+    elapsed = time.monotonic() - t0
+    return {"rank": rank, "samples": samples, "tokens": tokens, "seconds": round(elapsed, 3),
+            "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
+            "shards_written": writer.shards_written, "shards_resumed": len(done)}
+
+
+# ---------------------------------------------------------------- rank 0: merge, head, verify
+
+
+def _merge_index(out: Path, world: int, n_rows: int) -> list[dict[str, Any]]:
+    """Merge the ranks' index parts into ``index.jsonl`` in dataset order; check coverage."""
+    entries = [e for r in range(world) for _, e in iter_jsonl(part_path(out, r))]
+    entries.sort(key=lambda e: e["row"])
+    if [e["row"] for e in entries] != list(range(n_rows)):
+        raise StageDirError(f"{out}: the index parts do not cover rows 0..{n_rows - 1} exactly "
+                            f"once; rerun with --resume")
+    atomic_write_text(out / INDEX_FILE, "".join(json.dumps(e) + "\n" for e in entries))
+    return entries
+
+
+def _write_head(model: Any, out: Path) -> dict[str, Any]:
+    """Save the verifier's ``lm_head.weight`` and ``embed_tokens.weight`` ``[V, H]``."""
+    from safetensors.torch import save_file
+
+    head = {"lm_head.weight": model.get_output_embeddings().weight,
+            "embed_tokens.weight": model.get_input_embeddings().weight}
+    head = {k: v.detach().to("cpu").clone().contiguous() for k, v in head.items()}
+    tmp = out / f"{HEAD_FILE}.tmp-{os.getpid()}"
+    save_file(head, str(tmp))
+    os.replace(tmp, out / HEAD_FILE)
+    return {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in head.items()}
+
+
+_REL_TOL = {torch.float32: 0.0, torch.bfloat16: 2**-7, torch.float8_e4m3fn: 2**-3}
+
+
+def _compare(stored: torch.Tensor, ref: torch.Tensor, rel: float, floor: float
+             ) -> tuple[float, float]:
+    """``(max |stored - ref|, max err / bound)``; bound = rel·|ref| + floor·max|ref|."""
+    if ref.numel() == 0:
+        return 0.0, 0.0
+    err = (stored - ref).abs()
+    bound = rel * ref.abs() + floor * ref.abs().max().clamp_min(1e-30)
+    return float(err.max()), float((err / bound).max())
+
+
+def verify(model: Any, ds: Any, out: Path, aux_ids: Sequence[int], n: int, seed: int
+           ) -> dict[str, Any]:
+    """Recompute ``n`` random rows one at a time (no padding) and compare with what is stored.
+
+    Each element must satisfy ``|stored - ref| <= rel·|ref| + floor·max|ref|`` where ``rel`` is
+    one unit in the last place of the storage dtype (bf16 2^-7, fp8 2^-3, fp32 0) and ``floor``
+    the model's numeric noise between batch shapes (1e-4 for an fp32 verifier, 2e-2 for bf16).
+    Returns the max abs differences, the max error/bound ratio and ``ok``.
+    """
+    storage = json.loads((out / PLAN_FILE).read_text(encoding="utf-8"))["storage"]
+    source = DiskSource.from_index(out, aux_ids, int(model.config.hidden_size), storage)
+    codec = source.codec
+    rows = sorted(random.Random(seed).sample(range(len(source)), min(n, len(source))))
+    raw = CODECS["fp32"]
+    floor = 1e-4 if model.dtype == torch.float32 else 2e-2
+    worst = {"aux_max_abs_diff": 0.0, "final_max_abs_diff": 0.0, "max_err_over_bound": 0.0}
+    for row, stored in zip(rows, source.get_batch(rows)):
+        padded = pad_rows([stored.input_ids.tolist()], [stored.loss_mask.tolist()])
+        ref = capture_packed(model, padded, aux_ids, raw)
+        for name, s, r in (("aux", stored.aux_hidden, ref.aux[0]),
+                           ("final", stored.final_hidden, ref.final[0])):
+            diff, ratio = _compare(s, r.float().cpu(), _REL_TOL[codec.dtype], floor)
+            worst[f"{name}_max_abs_diff"] = max(worst[f"{name}_max_abs_diff"], diff)
+            worst["max_err_over_bound"] = max(worst["max_err_over_bound"], ratio)
+    return {"rows": rows, "n": len(rows), **worst, "ok": worst["max_err_over_bound"] <= 1.0}
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def run(config: ExtractConfig, verifier: Any = None) -> dict[str, Any]:
+    """Run the extract stage; return its manifest (on every rank).
+
+    ``verifier``: an already-loaded HF causal LM (so that ``specdraft run`` loads it once);
+    otherwise ``config.verifier`` is loaded with :func:`specdraft.core.verifier.load_verifier`.
+    Raises :class:`StageDirError` (prepare missing, output present without --resume/--overwrite,
+    disk too small, resume with changed settings), :class:`InputError` (bad dataset row) and
+    :class:`ConfigError` (aux ids outside ``[1, N]``).
+    """
+    rank, world, created = _dist_init()
+    try:
+        return _run(config, verifier, rank, world)
+    finally:
+        if created:
+            import torch.distributed as dist
+            dist.destroy_process_group()
+
+
+def _load_model(config: ExtractConfig, verifier: Any) -> Any:
+    if verifier is not None:
+        return verifier
+    from specdraft.core.verifier import load_verifier
+
+    return load_verifier(config.verifier, dtype=config.dtype, device=_device(config),
+                         device_map=config.device_map,
+                         trust_remote_code=config.trust_remote_code)
+
+
+def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
+             ) -> dict[str, Any]:
+    """Everything the ranks share: aux ids, codec, keys, lengths, the plan, shard metadata."""
+    n_layers = num_layers(model)
+    aux_ids = check_aux_ids(config.aux_layers or default_aux_ids(n_layers), n_layers)
+    keys, seq_lens = _row_table(ds)
+    n_sup = _n_sup(ds)
+    hidden = int(model.config.hidden_size)
+    codec: Codec = CODECS[config.storage]
+    batches, shards = _plan(config, seq_lens, n_sup, len(aux_ids), hidden, rank, world)
+    estimate = sum(row_bytes(t, s, len(aux_ids), hidden, codec) for t, s in zip(seq_lens, n_sup))
+    metadata = {"format": codec.name, "aux_layer_ids": ",".join(map(str, aux_ids)),
+                "hidden_size": str(hidden), "convention": CONVENTION}
+    return {"aux_ids": aux_ids, "n_layers": n_layers, "hidden": hidden, "codec": codec,
+            "keys": keys, "seq_lens": seq_lens, "n_sup": n_sup, "batches": batches,
+            "shards": shards, "estimate": estimate, "metadata": metadata}
+
+
+def _run(config: ExtractConfig, verifier: Any, rank: int, world: int) -> dict[str, Any]:
+    clock = StageClock()
+    require_stage(config.run_dir, "prepare")
+    _on_rank0(lambda: open_stage_dir(config.run_dir, STAGE, resume=config.resume,
+                                     overwrite=config.overwrite), rank, world)
+    out = stage_dir(config.run_dir, STAGE)
+    ds = _load_dataset(config.run_dir)
+    model = _load_model(config, verifier)
+    ctx = _context(config, model, ds, rank, world)
+    plan = {"world_size": world, "batch_tokens": config.batch_tokens, "storage": config.storage,
+            "shard_mb": config.shard_mb, "aux_layer_ids": list(ctx["aux_ids"]),
+            "prepare": input_hash(stage_dir(config.run_dir, "prepare")),
+            "zstd_level": config.zstd_level, "model_dtype": str(model.dtype)}
+
+    def prologue() -> None:
+        (out / "shards").mkdir(exist_ok=True)
+        _check_plan(out, plan, config.resume)
+        _check_disk(out, ctx["estimate"])
+
+    _on_rank0(prologue, rank, world)
+    stats = _extract_rank(model, ds, config, out, ctx, rank)
+    atomic_write_json(out / f"stats.rank{rank:05d}.json", stats)
+    _barrier(world)
+    _on_rank0(lambda: _finish(config, model, ds, out, ctx, clock, world), rank, world)
+    _barrier(world)
+    return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+
+
+def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str, Any],
+            clock: StageClock, world: int) -> dict[str, Any]:
+    """Rank 0: merge the index, write the verifier head, verify, write the manifest."""
+    entries = _merge_index(out, world, len(ctx["keys"]))
+    head = _write_head(model, out)
+    checked = verify(model, ds, out, ctx["aux_ids"], config.verify, config.seed) \
+        if config.verify else None
+    if checked is not None and not checked["ok"]:
+        print(f"extract: --verify found differences beyond tolerance: {checked}",
+              file=sys.stderr)
+    stats = [json.loads((out / f"stats.rank{r:05d}.json").read_text()) for r in range(world)]
+    tokens = sum(e["seq_len"] for e in entries)
+    n_sup = sum(e["n_sup"] for e in entries)
+    total = sum(f.stat().st_size for f in (out / "shards").glob("*.safetensors"))
+    H, V = ctx["hidden"], head["lm_head.weight"]["shape"][0]
+    extra = {
+        "convention": CONVENTION, "aux_layer_ids": list(ctx["aux_ids"]),
+        "n_layers": ctx["n_layers"], "hidden_size": H, "vocab_size": V,
+        "final_hidden": "output of the verifier's final norm (HF last_hidden_state = "
+                        "hidden_states[N]); lm_head(final_hidden) = logits",
+        "target_representation": TARGET_DOC,
+        "verifier": {"path": config.verifier, "class": type(model).__name__,
+                     "dtype": str(model.dtype), "head": head},
+        "storage": {"format": config.storage, "shard_mb": config.shard_mb,
+                    "zstd_level": config.zstd_level if CODECS[config.storage].zstd else None,
+                    "shards": len({e["shard"] for e in entries}), "bytes_total": total,
+                    "estimated_bytes": ctx["estimate"],
+                    "bytes_per_token": round(total / max(tokens, 1), 2),
+                    "bytes_per_token_over_8H": round(total / max(tokens, 1) / (8 * H), 4)},
+        "world_size": world, "throughput": stats, "verify": checked,
+        "files": {"index": INDEX_FILE, "head": HEAD_FILE, "shards": "shards/"},
+    }
+    counts = {"rows_in": len(ctx["keys"]), "rows_out": len(entries), "tokens": tokens,
+              "supervised_tokens": n_sup,
+              "rows_without_targets": sum(1 for e in entries if e["n_sup"] == 0),
+              "rejected": {}}
+    return write_manifest(out, stage=STAGE, config=config, clock=clock,
+                          inputs={"prepare": input_hash(stage_dir(config.run_dir, "prepare"))},
+                          counts=counts, extra=extra)

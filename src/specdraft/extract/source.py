@@ -1,0 +1,181 @@
+"""Hidden-state sources: what training reads, from the extract shards or from the verifier online.
+
+Both implementations yield identical :class:`Row` tensors for a row (same capture code, same
+storage rounding): :class:`DiskSource` decodes what ``specdraft extract`` stored;
+:class:`OnlineSource` runs the verifier on each :meth:`~OnlineSource.get_batch` call (one padded
+forward) and rounds through the same codec, so huge datasets need no disk. The convention of the
+tensors is :data:`specdraft.extract.capture.CONVENTION`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from specdraft.core.errors import InputError, StageDirError
+from specdraft.core.manifest import read_manifest
+from specdraft.extract.batching import pad_rows, target_positions
+from specdraft.extract.capture import capture_packed, check_aux_ids, decoder_parts
+from specdraft.extract.storage import CODECS, ShardReader, decode
+
+HEAD_FILE = "verifier_head.safetensors"
+INDEX_FILE = "index.jsonl"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One training row (all tensors on CPU unless a source says otherwise).
+
+    ``aux_hidden`` holds the aux ids concatenated in the order given (``[T, n_aux·H]``);
+    ``final_hidden`` is the verifier's hidden state after its final norm at ``target_positions``
+    (so ``final_hidden @ lm_head.weight.T`` = the verifier's logits there).
+    """
+
+    key: str                        # f"{sample_id}/{turn_index}"
+    input_ids: torch.Tensor         # [T] int64
+    loss_mask: torch.Tensor         # [T] uint8
+    aux_hidden: torch.Tensor        # [T, n_aux*H] float32
+    final_hidden: torch.Tensor      # [n_sup, H] float32
+    target_positions: torch.Tensor  # [n_sup] int64, ascending: p with loss_mask[p+1] == 1
+
+
+class HiddenStateSource(Protocol):
+    """What training reads rows from (disk shards or the verifier online)."""
+
+    aux_layer_ids: tuple[int, ...]
+    hidden_size: int
+
+    def __len__(self) -> int: ...
+
+    def keys(self) -> list[str]: ...
+
+    def get_batch(self, indices: Sequence[int]) -> list[Row]: ...
+
+
+def row_key(sample_id: Any, turn_index: Any) -> str:
+    """The row key shared by all stages: ``f"{sample_id}/{turn_index}"``."""
+    return f"{sample_id}/{int(turn_index)}"
+
+
+class DiskSource:
+    """Rows stored by ``specdraft extract`` in ``extract_dir`` (memory-mapped shards via the
+    index). Raises :class:`StageDirError` when the stage is not complete.
+
+    ``get_batch(indices)`` takes positions in :meth:`keys` order (= dataset order).
+    """
+
+    def __init__(self, extract_dir: str | os.PathLike) -> None:
+        manifest = read_manifest(extract_dir)
+        if manifest is None:
+            raise StageDirError(f"{extract_dir}/manifest.json not found: run `specdraft "
+                                f"extract` to completion first")
+        self._setup(extract_dir, manifest["aux_layer_ids"], manifest["hidden_size"],
+                    manifest["storage"]["format"])
+        self.manifest = manifest
+
+    @classmethod
+    def from_index(cls, extract_dir: str | os.PathLike, aux_layer_ids: Sequence[int],
+                   hidden_size: int, storage: str) -> "DiskSource":
+        """A source over ``index.jsonl`` before the manifest exists (used by ``--verify``)."""
+        self = cls.__new__(cls)
+        self._setup(extract_dir, aux_layer_ids, hidden_size, storage)
+        self.manifest = None
+        return self
+
+    def _setup(self, extract_dir: str | os.PathLike, aux_layer_ids: Sequence[int],
+               hidden_size: int, storage: str) -> None:
+        self.root = Path(extract_dir)
+        self.aux_layer_ids = tuple(int(i) for i in aux_layer_ids)
+        self.hidden_size = int(hidden_size)
+        self.codec = CODECS[storage]
+        with open(self.root / INDEX_FILE, encoding="utf-8") as f:
+            self._entries = [json.loads(line) for line in f if line.strip()]
+        self._reader = ShardReader(self.root, self.codec, len(self.aux_layer_ids),
+                                   self.hidden_size)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys(self) -> list[str]:
+        return [e["key"] for e in self._entries]
+
+    def get_batch(self, indices: Sequence[int]) -> list[Row]:
+        """Decode the rows at ``indices`` (fp32, exactly the stored values)."""
+        rows = []
+        for i in indices:
+            entry = self._entries[i]
+            r = self._reader.read(entry)
+            rows.append(Row(entry["key"], r["input_ids"], r["loss_mask"], r["aux"], r["final"],
+                            target_positions(r["loss_mask"])))
+        return rows
+
+
+class OnlineSource:
+    """Rows computed by the verifier on demand: one padded forward per :meth:`get_batch`.
+
+    ``model``: an HF causal LM (:func:`specdraft.core.verifier.load_verifier`); ``dataset``: the
+    prepare dataset (an HF ``Dataset`` or its directory). ``storage`` (a codec name of
+    :data:`specdraft.extract.storage.CODECS`) rounds values exactly as extraction would store
+    them (``"bf16"`` → identical to a bf16 extract); ``"fp32"`` keeps the model's values.
+    ``device`` is where the verifier runs (its input-embedding device by default); rows are
+    returned on ``row_device``.
+    """
+
+    def __init__(self, model: Any, dataset: Any, aux_layer_ids: Sequence[int], *,
+                 device: str | torch.device | None = None, storage: str = "fp32",
+                 row_device: str | torch.device = "cpu") -> None:
+        if isinstance(dataset, (str, os.PathLike)):
+            from datasets import load_from_disk
+            dataset = load_from_disk(str(dataset))
+        if device is not None:
+            model = model.to(device)
+        self.model, self.dataset = model, dataset
+        self.aux_layer_ids = check_aux_ids(aux_layer_ids, len(decoder_parts(model)[1]))
+        self.hidden_size = int(model.config.hidden_size)
+        self.codec = CODECS[storage]
+        self.row_device = torch.device(row_device)
+        self._keys = [row_key(s, t) for s, t in zip(dataset["sample_id"],
+                                                     dataset["turn_index"])]
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def keys(self) -> list[str]:
+        return list(self._keys)
+
+    def get_batch(self, indices: Sequence[int]) -> list[Row]:
+        """Run the verifier on the rows at ``indices`` (one right-padded forward)."""
+        data = self.dataset[list(indices)]
+        ids, masks = data["input_ids"], data["loss_mask"]
+        for i, a, m in zip(indices, ids, masks):
+            if len(a) != len(m):
+                raise InputError(f"prepare dataset row {self._keys[i]}: input_ids has {len(a)} "
+                                 f"tokens but loss_mask {len(m)}")
+        padded = pad_rows(ids, masks)
+        packed = capture_packed(self.model, padded, self.aux_layer_ids, self.codec)
+        aux = decode(packed.aux[0], packed.aux[1], len(self.aux_layer_ids)).to(self.row_device)
+        final = decode(packed.final[0], packed.final[1], 1).to(self.row_device)
+        rows, t0, s0 = [], 0, 0
+        for b, i in enumerate(indices):
+            T, n = packed.lengths[b], packed.n_sup[b]
+            mask = padded.loss_mask[b, :T].to(self.row_device)
+            rows.append(Row(self._keys[i], padded.input_ids[b, :T].to(self.row_device), mask,
+                            aux[t0:t0 + T], final[s0:s0 + n], target_positions(mask)))
+            t0, s0 = t0 + T, s0 + n
+        return rows
+
+
+def load_verifier_head(extract_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """``{"lm_head.weight": [V, H], "embed_tokens.weight": [V, H]}`` of the verifier, in the
+    dtype it was loaded in (fp32 or bf16), from ``extract_dir/verifier_head.safetensors``."""
+    from safetensors.torch import load_file
+
+    path = Path(extract_dir) / HEAD_FILE
+    if not path.exists():
+        raise StageDirError(f"{path} not found: run `specdraft extract` first")
+    return load_file(str(path))
