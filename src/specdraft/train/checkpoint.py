@@ -1,0 +1,90 @@
+"""Training checkpoints: ``RUN/train/checkpoints/step-N/`` = a drafter directory
+(:func:`specdraft.models.io.save_drafter`) + ``train_state.pt``.
+
+``train_state.pt`` holds the optimizer and scheduler states, the RNG states (Python, torch CPU,
+CUDA when present), the data position ``(epoch, step_in_epoch)``, the global step, tokens seen
+and the best validation ``τ̂`` so far. A step directory is written under a temporary name and
+renamed into place (:func:`specdraft.core.atomic.atomic_dir`); on resume the newest directory
+that loads is used, and ones that do not are reported and skipped.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft.core.atomic import atomic_dir, remove_stale_tmp
+from specdraft.models.eagle3 import Eagle3DraftModel
+from specdraft.models.io import load_drafter, save_drafter
+
+STATE_FILE = "train_state.pt"
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, torch CPU and (when present) CUDA generator states."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step-{step}"
+
+
+def save_checkpoint(root: Path, step: int, drafter: Eagle3DraftModel,
+                    train_state: dict[str, Any]) -> Path:
+    """Write ``root/step-<step>/`` atomically (drafter files + ``train_state.pt``)."""
+    with atomic_dir(step_dir(root, step)) as tmp:
+        save_drafter(drafter, tmp)
+        torch.save(train_state, tmp / STATE_FILE)
+    return step_dir(root, step)
+
+
+def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of the step directories under ``root``, oldest first."""
+    root = Path(root)
+    if not root.exists():
+        return []
+    found = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith("step-") and p.name[5:].isdigit():
+            found.append((int(p.name[5:]), p))
+    return sorted(found)
+
+
+def load_latest(root: Path) -> tuple[Eagle3DraftModel, dict[str, Any], Path] | None:
+    """The newest readable checkpoint as ``(drafter, train_state, path)``, or None.
+
+    Leftovers of interrupted writes are deleted first; an unreadable step directory is skipped
+    with a warning (distrust what cannot be read).
+    """
+    remove_stale_tmp(root)
+    for step, path in reversed(list_checkpoints(root)):
+        try:
+            drafter = load_drafter(path)
+            state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+        except Exception as err:  # noqa: BLE001 - any unreadable file disqualifies it
+            print(f"specdraft train: skipping unreadable checkpoint {path}: {err}")
+            continue
+        return drafter, state, path
+    return None
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` step directories; return the deleted paths."""
+    old = [p for _, p in list_checkpoints(root)[:-keep]] if keep > 0 else []
+    for p in old:
+        shutil.rmtree(p)
+    return old

@@ -1,0 +1,355 @@
+"""The training loop: AdamW + warmup/cosine, gradient accumulation, validation by ``τ̂``,
+checkpoints every N steps and exact resume.
+
+Exactness. Every quantity the next step depends on is in the checkpoint (weights, AdamW
+moments, scheduler, RNG, data position); the data plan is recomputed from the seed; the loss of
+a step is normalised by the global count of loss positions, computed before the forward, so the
+gradient is the same whether the global batch is split over micro-batches or ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdraft.core.atomic import atomic_open
+from specdraft.core.jsonl import JsonlWriter, iter_jsonl
+from specdraft.models.eagle3 import Eagle3DraftModel
+from specdraft.models.io import save_drafter
+from specdraft.train import checkpoint as ckpt
+from specdraft.train.config import TrainConfig
+from specdraft.train.data import Collator, MicroBatch, plan_epoch, plan_eval, rank_micro_batches
+from specdraft.train.distributed import (DistEnv, all_reduce_sum, barrier, full_states, is_fsdp,
+                                         load_full_states, unwrap)
+from specdraft.train.metrics import hit_counts, summarize
+from specdraft.train.objective import TTTObjective
+
+
+def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
+    """Multiplier of the peak lr after ``step`` optimizer steps: linear warmup over ``warmup``
+    steps, then cosine decay to ``min_ratio`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW (β = beta1/beta2, default 0.9/0.95) over the trainable parameters."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             weight_decay=cfg.weight_decay)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak CUDA memory allocated on ``device``, or the peak RSS of this process (MiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclass
+class Window:
+    """Training figures accumulated between two log lines (local to the rank)."""
+
+    steps: int
+    counts: torch.Tensor = None
+    loss_sum: torch.Tensor = None
+    loss_count: torch.Tensor = None
+    tokens: int = 0
+    t0: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.counts = torch.zeros(4, self.steps, dtype=torch.float64)
+        self.loss_sum = torch.zeros(self.steps, dtype=torch.float64)
+        self.loss_count = torch.zeros(self.steps, dtype=torch.float64)
+
+
+@dataclass
+class Data:
+    """What the loop reads: the source, the collator, the row split and lengths."""
+
+    source: Any
+    collate: Collator
+    train: list[int]
+    val: list[int]
+    lengths: list[int]
+
+
+class Trainer:
+    """One training run (one per process under torchrun). Build, then :meth:`fit`."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, objective: TTTObjective, model: nn.Module,
+                 data: Data, out_dir: Path) -> None:
+        self.cfg, self.env, self.objective, self.model = cfg, env, objective, model
+        self.data, self.out = data, Path(out_dir)
+        self.optimizer = make_optimizer(model, cfg)
+        self._plans: dict[int, list[MicroBatch]] = {}
+        self.G = env.world_size * cfg.grad_accum
+        n_micro = len(self.plan(0))
+        self.steps_per_epoch = n_micro // self.G
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"{n_micro} micro-batches per epoch < world_size*grad_accum = "
+                             f"{self.G}: lower --batch-tokens or --grad-accum")
+        self.dropped_per_epoch = n_micro - self.steps_per_epoch * self.G
+        total = self.steps_per_epoch * cfg.epochs
+        self.total_steps = min(total, cfg.max_steps) if cfg.max_steps else total
+        lam = lambda s: lr_factor(s, warmup=min(cfg.warmup_steps, self.total_steps // 2),  # noqa
+                                  total=self.total_steps, min_ratio=cfg.min_lr_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lam)
+        self.step, self.epoch, self.step_in_epoch = 0, 0, 0
+        self.tokens_seen, self.best_tau, self.best_step = 0, -1.0, None
+        self.last_val: dict[str, Any] | None = None
+        self.best_val: dict[str, Any] | None = None
+
+    # ----- data -----
+    def plan(self, epoch: int) -> list[MicroBatch]:
+        if epoch not in self._plans:
+            self._plans = {epoch: plan_epoch(
+                self.data.train, self.data.lengths, batch_tokens=self.cfg.batch_tokens,
+                length_window=self.cfg.length_window, seed=self.cfg.seed, epoch=epoch)}
+        return self._plans[epoch]
+
+    def load(self, mb: MicroBatch):
+        return self.data.collate(self.data.source.get_batch(list(mb)))
+
+    def autocast(self):
+        dtype = self.cfg.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if self.env.device.type == "cuda" else "float32"
+        if dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.env.device.type, dtype=torch.bfloat16)
+
+    # ----- one optimizer step -----
+    def train_step(self, window: Window) -> float:
+        """Forward/backward over this rank's micro-batches, clip, step. Returns the grad norm."""
+        mbs = rank_micro_batches(self.plan(self.epoch), self.step_in_epoch, self.env.rank,
+                                 self.env.world_size, self.cfg.grad_accum)
+        batches = [self.load(mb) for mb in mbs]
+        counts = sum(self.objective.loss_counts(b) for b in batches)  # [S]
+        norm = all_reduce_sum(counts.clone(), self.env).clamp(min=1) / self.env.world_size
+        self.model.train()
+        for i, batch in enumerate(batches):
+            sync = i == len(batches) - 1
+            ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) \
+                else contextlib.nullcontext()
+            with ctx, self.autocast():
+                out = self.model(batch, norm)
+            with ctx:
+                out.loss.backward()
+            window.counts += hit_counts(out.hits, out.sup).cpu()
+            window.loss_sum += out.loss_sum.double().cpu()
+            window.tokens += batch.n_real
+        window.loss_count += counts.double().cpu()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        gnorm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip or float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        gnorm = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
+        return float(gnorm)
+
+    # ----- validation -----
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any] | None:
+        """Metrics on the validation rows (all ranks; None without a validation split)."""
+        plan = plan_eval(self.data.val, self.data.lengths, self.cfg.batch_tokens)
+        if not plan:
+            return None
+        S, W = self.objective.steps, self.env.world_size
+        counts = torch.zeros(4, S, dtype=torch.float64, device=self.env.device)
+        sums = torch.zeros(2, S, dtype=torch.float64, device=self.env.device)
+        self.model.eval()
+        for i in range(math.ceil(len(plan) / W)):  # same number of forwards on every rank
+            j = i * W + self.env.rank
+            batch = self.load(plan[j if j < len(plan) else 0])
+            n = self.objective.loss_counts(batch)
+            with self.autocast():
+                out = self.model(batch, n.clamp(min=1))
+            if j < len(plan):
+                counts += hit_counts(out.hits, out.sup).to(counts.device)
+                sums += torch.stack([out.loss_sum.double(), n.double()])
+        all_reduce_sum(counts, self.env)
+        all_reduce_sum(sums, self.env)
+        return self.record(counts.cpu(), sums[0].cpu(), sums[1].cpu())
+
+    def record(self, counts: torch.Tensor, loss_sum: torch.Tensor, loss_count: torch.Tensor
+               ) -> dict[str, Any]:
+        """Metrics dict: per-step loss/acc/cond_acc, weighted loss, ``tau``."""
+        m = summarize(counts)
+        per_step = (loss_sum / loss_count.clamp(min=1)).tolist()
+        m["loss_k"] = per_step
+        m["loss"] = sum(w * l for w, l in zip(self.objective.weights, per_step))
+        m["supervised"] = int(counts[0, 0])
+        return m
+
+    # ----- checkpoints -----
+    def train_state(self) -> dict[str, Any]:
+        return {"step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                "tokens_seen": self.tokens_seen, "best_tau": self.best_tau,
+                "best_step": self.best_step, "best_val": self.best_val,
+                "last_val": self.last_val, "scheduler": self.scheduler.state_dict(),
+                "rng": ckpt.rng_state(), "world_size": self.env.world_size,
+                "config_hash": self.cfg.config_hash()}
+
+    def full_drafter(self) -> tuple[Eagle3DraftModel, dict]:
+        """(a full drafter to save, the full optimizer state); collective under FSDP."""
+        model_state, optim_state = full_states(self.model, self.optimizer)
+        if not is_fsdp(self.model):
+            return self.objective.drafter, optim_state
+        drafter = Eagle3DraftModel(self.objective.drafter.config)
+        drafter.load_state_dict({k[len("drafter."):]: v for k, v in model_state.items()})
+        return drafter, optim_state
+
+    def save(self) -> None:
+        drafter, optim_state = self.full_drafter()
+        if self.env.is_main:
+            state = {**self.train_state(), "optimizer": optim_state}
+            ckpt.save_checkpoint(self.out / "checkpoints", self.step, drafter, state)
+            ckpt.prune(self.out / "checkpoints", self.cfg.keep_checkpoints)
+        barrier(self.env)
+
+    def save_drafter_dir(self, name: str) -> None:
+        drafter, _ = self.full_drafter()
+        if self.env.is_main:
+            save_drafter(drafter, self.out / name)
+        barrier(self.env)
+
+    def restore(self) -> bool:
+        """Load the newest readable checkpoint; False when there is none."""
+        found = ckpt.load_latest(self.out / "checkpoints")
+        if found is None:
+            return False
+        drafter, state, _ = found
+        model_state = {f"drafter.{k}": v for k, v in drafter.state_dict().items()}
+        load_full_states(self.model, self.optimizer, model_state, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        ckpt.set_rng_state(state["rng"])
+        for key in ("step", "epoch", "step_in_epoch", "tokens_seen", "best_tau", "best_step",
+                    "best_val", "last_val"):
+            setattr(self, key, state[key])
+        return True
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """Keep only the records of ``path`` with ``step <= step`` (after a resume)."""
+    if not path.exists():
+        return
+    import json
+
+    kept = [rec for _, rec in iter_jsonl(path) if rec.get("step", 0) <= step]
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+
+
+class Logger:
+    """metrics.jsonl + TensorBoard (rank 0 only); every record carries ``step`` and ``split``."""
+
+    def __init__(self, out: Path, env: DistEnv, start_step: int) -> None:
+        self.env = env
+        self.jsonl = self.tb = None
+        if env.is_main:
+            trim_metrics(out / "metrics.jsonl", start_step)
+            self.jsonl = JsonlWriter(out / "metrics.jsonl")
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1)
+
+    def write(self, step: int, split: str, values: dict[str, Any]) -> None:
+        if not self.env.is_main:
+            return
+        self.jsonl.write_batch([{"step": step, "split": split, **values}])
+        for name, v in values.items():
+            if isinstance(v, list):
+                for k, x in enumerate(v):
+                    self.tb.add_scalar(f"{split}/{name}/step{k}", x, step)
+            elif isinstance(v, (int, float)):
+                self.tb.add_scalar(f"{split}/{name}", v, step)
+
+    def close(self) -> None:
+        if self.env.is_main:
+            self.jsonl.close()
+            self.tb.close()
+
+
+def log_window(tr: Trainer, window: Window, logger: Logger, gnorm: float) -> Window:
+    """All-reduce the window's figures, write one train record, start a new window."""
+    env = tr.env
+    packed = torch.cat([window.counts.flatten(), window.loss_sum, window.loss_count,
+                        torch.tensor([float(window.tokens)], dtype=torch.float64)])
+    packed = all_reduce_sum(packed.to(env.device), env).cpu()
+    S = tr.objective.steps
+    counts, rest = packed[:4 * S].view(4, S), packed[4 * S:]
+    m = tr.record(counts, rest[:S], rest[S:2 * S])
+    elapsed = time.monotonic() - window.t0
+    m.update(lr=tr.scheduler.get_last_lr()[0], grad_norm=gnorm, epoch=tr.epoch,
+             tokens_per_s=float(rest[-1]) / max(elapsed, 1e-9),
+             peak_memory_mb=peak_memory_mb(env.device))
+    logger.write(tr.step, "train", m)
+    return Window(S)
+
+
+def validate(tr: Trainer, logger: Logger) -> None:
+    """Evaluate; keep ``best/`` when validation ``τ̂`` improves."""
+    m = tr.evaluate()
+    if m is None:
+        return
+    tr.last_val = m
+    logger.write(tr.step, "val", m)
+    if m["tau"] > tr.best_tau:
+        tr.best_tau, tr.best_step, tr.best_val = m["tau"], tr.step, m
+        tr.save_drafter_dir("best")
+
+
+def fit(tr: Trainer, *, resume: bool = False) -> dict[str, Any]:
+    """Train to ``total_steps``; returns run figures for the manifest."""
+    from tqdm import tqdm
+
+    resumed = tr.restore() if resume else False
+    logger = Logger(tr.out, tr.env, tr.step)
+    bar = tqdm(total=tr.total_steps, initial=tr.step, disable=not tr.env.is_main,
+               desc="train", unit="step", dynamic_ncols=True)
+    window, gnorm, t0, tokens0 = Window(tr.objective.steps), 0.0, time.monotonic(), tr.tokens_seen
+    while tr.step < tr.total_steps:
+        before = window.tokens
+        gnorm = tr.train_step(window)
+        tr.tokens_seen += window.tokens - before
+        tr.step += 1
+        tr.step_in_epoch += 1
+        if tr.step_in_epoch == tr.steps_per_epoch:
+            tr.epoch, tr.step_in_epoch = tr.epoch + 1, 0
+        bar.update(1)
+        if tr.step % tr.cfg.log_every == 0:
+            window = log_window(tr, window, logger, gnorm)
+        if tr.step % tr.cfg.eval_every == 0:
+            validate(tr, logger)
+        if tr.step % tr.cfg.save_every == 0:
+            tr.save()
+    bar.close()
+    if tr.step % tr.cfg.eval_every != 0 or tr.last_val is None:
+        validate(tr, logger)
+    if not ckpt.list_checkpoints(tr.out / "checkpoints") or \
+            ckpt.list_checkpoints(tr.out / "checkpoints")[-1][0] != tr.step:
+        tr.save()
+    tr.save_drafter_dir("last")
+    if tr.best_step is None:
+        tr.save_drafter_dir("best")
+    logger.close()
+    elapsed = time.monotonic() - t0
+    tokens = all_reduce_sum(torch.tensor([float(tr.tokens_seen - tokens0)],
+                                         device=tr.env.device), tr.env).item()
+    return {"resumed": resumed, "steps": tr.step, "epochs_done": tr.epoch,
+            "steps_per_epoch": tr.steps_per_epoch, "total_steps": tr.total_steps,
+            "dropped_micro_batches_per_epoch": tr.dropped_per_epoch,
+            "tokens_per_s": tokens / max(elapsed, 1e-9),
+            "peak_memory_mb": peak_memory_mb(tr.env.device),
+            "final_val": tr.last_val, "best_val": tr.best_val, "best_step": tr.best_step}

@@ -1,0 +1,181 @@
+"""The training-time-test (TTT) objective of EAGLE-3 (arXiv 2503.01840, Sec. 3.2).
+
+Alignment. A row has tokens ``x_0..x_{T-1}``, the verifier's aux features ``f_t`` at every
+position, and the verifier's next-token distribution ``P_p = P(x_{p+1} | x_{<=p})`` at the
+supervised positions ``p`` (those with ``loss_mask[p+1] == 1``). The drafter runs on the
+``L = T-1`` columns ``t = 0..T-2``:
+
+- step 0, column ``t``: feature ``h = fc(f_t)``, token embedding of ``x_{t+1}``, rotary
+  position ``t``; it predicts ``x_{t+2}``; target ``P_{t+1}``; supervised iff
+  ``loss_mask[t+2] == 1``.
+- step k, column ``t``: ``h`` = the prenorm output of step k-1 at column ``t``, token
+  ``x_{t+1+k}`` (teacher-forced), position ``t+k``; predicts ``x_{t+2+k}``; target
+  ``P_{t+1+k}``; supervised iff ``loss_mask[t+2+k] == 1``.
+
+Worked example, T = 6, prompt ``x_0..x_2``, completion ``x_3..x_5``, so
+``loss_mask = [0,0,0,1,1,1]`` and ``sup[p] = loss_mask[p+1] = [0,0,1,1,1,0]``:
+step 0 has columns 0..4; column 1 embeds ``x_2`` and predicts ``x_3`` from ``P_2``
+(supervised), column 0 predicts ``x_2`` (prompt: not supervised), column 4 would predict
+``x_6`` (absent: not supervised). Step 1, column 1 embeds ``x_3`` at position 2, predicts ``x_4``
+from ``P_3``; step 2, column 1 embeds ``x_4`` at position 3, predicts ``x_5`` from ``P_4``.
+
+Targets and labels. The soft target is the verifier distribution restricted to the draft
+vocabulary and renormalised: ``softmax(final_hidden @ lm_head[draft_ids].T)``. The label of a
+position is the verifier's greedy token (argmax over its full vocabulary), which equals the data
+token when the data was generated greedily by the verifier.
+
+Out-of-draft-vocabulary policy. A position whose label is outside the draft vocabulary
+(``t2d[label] == False``) can never be accepted. ``oov_policy="mask"`` (default, as the official
+EAGLE-3 trainer) drops it from the loss; ``"keep"`` trains on it with the restricted soft
+target. Either way it counts as a miss in the accuracy metrics, so ``τ̂`` is never flattered.
+
+Loss. Per step, soft cross-entropy ``-Σ_j P_j log Q_j`` (= forward KL up to the target's
+entropy) or hard cross-entropy on the label; masked sum over the loss positions divided by
+``norm[k]`` (the number of loss positions of step k in the whole global batch, so padding and
+the split across micro-batches and ranks do not change the value); steps weighted
+``step_weight**k``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdraft.models.eagle3 import Eagle3DraftModel
+
+
+@dataclass
+class TrainBatch:
+    """A right-padded micro-batch; ``p`` indexes positions of the verifier's sequence.
+
+    input_ids [B, T] int64 (pad 0); aux_hidden [B, T, n_aux*Ht] float32; sup [B, T] bool
+    (``loss_mask[p+1] == 1``); target_probs [B, T, K] float32 (restricted verifier
+    distribution at ``p``, zeros where not supervised); label [B, T] int64 (draft id of the
+    verifier's greedy token at ``p``; -1 where unsupervised or outside the draft vocabulary);
+    n_real: real (unpadded) tokens.
+    """
+
+    input_ids: torch.Tensor
+    aux_hidden: torch.Tensor
+    sup: torch.Tensor
+    target_probs: torch.Tensor
+    label: torch.Tensor
+    n_real: int
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, torch.Tensor):
+                moved[name] = value.to(device, non_blocking=True)
+        return TrainBatch(**moved)
+
+
+def shift(x: torch.Tensor, k: int, length: int, fill: float | int | bool = 0) -> torch.Tensor:
+    """Columns ``t = 0..length-1`` of ``x[:, t+1+k]`` (``x`` [B, T, ...]), ``fill`` past the end."""
+    out = x[:, 1 + k: 1 + k + length]
+    missing = length - out.shape[1]
+    if missing > 0:
+        pad = torch.full((x.shape[0], missing, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+        out = torch.cat([out, pad], dim=1)
+    return out
+
+
+@torch.no_grad()
+def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
+                     t2d_index: torch.Tensor, chunk: int = 1024
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Soft targets and labels from the verifier's final hidden states.
+
+    final_hidden [N, H] (after the verifier's final norm), lm_head [V, H], draft_ids [K] int64
+    (target id of each draft id: ``arange(K) + d2t``), t2d_index [V] int64 (draft id or -1).
+    Returns probs [N, K] float32 (softmax over the draft vocab) and label [N] int64 (draft id of
+    the argmax over the full vocab, -1 when outside the draft vocab). fp32, chunked over N.
+    """
+    probs, labels = [], []
+    head = lm_head.float()
+    for part in final_hidden.float().split(chunk):
+        full = part @ head.T  # [n, V]
+        labels.append(t2d_index[full.argmax(-1)])
+        probs.append(torch.softmax(full[:, draft_ids], dim=-1))  # [n, K]
+    if not probs:
+        return head.new_zeros(0, draft_ids.numel()), torch.zeros(0, dtype=torch.long)
+    return torch.cat(probs), torch.cat(labels)
+
+
+@dataclass
+class StepOutput:
+    """What one TTT unroll returns (all detached except ``loss``).
+
+    loss: scalar, weighted and normalised; loss_sum [S] float (unweighted masked sums per step);
+    hits [S, B, L] bool; sup [S, B, L] bool (supervised, out-of-vocab included).
+    """
+
+    loss: torch.Tensor
+    loss_sum: torch.Tensor
+    hits: torch.Tensor
+    sup: torch.Tensor
+
+
+class TTTObjective(nn.Module):
+    """Wraps the drafter so one ``forward`` runs the whole TTT unroll and its loss.
+
+    Distributed wrappers (DDP, FSDP2) hook ``forward``, so the unroll must live in one; the
+    drafter itself stays plain (parallelism is applied from outside, in
+    :mod:`specdraft.train.distributed`).
+    """
+
+    def __init__(self, drafter: Eagle3DraftModel, *, steps: int, step_weight: float = 0.8,
+                 loss: str = "soft", oov_policy: str = "mask") -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.steps = steps
+        self.weights = [step_weight ** k for k in range(steps)]
+        self.loss_kind = loss
+        self.oov_policy = oov_policy
+
+    def step_loss(self, logits: torch.Tensor, probs: torch.Tensor, label: torch.Tensor
+                  ) -> torch.Tensor:
+        """Per-column loss [B, L] of one step; logits [B, L, K], probs [B, L, K], label [B, L]."""
+        logq = F.log_softmax(logits.float(), dim=-1)  # [B, L, K]
+        if self.loss_kind == "hard":
+            return -logq.gather(-1, label.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return -(probs * logq).sum(-1)
+
+    def loss_mask(self, sup: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        """[B, L] bool: the columns that enter the loss under the out-of-vocab policy."""
+        return sup & (label >= 0) if self.oov_policy == "mask" else sup
+
+    def forward(self, batch: TrainBatch, norm: torch.Tensor) -> StepOutput:
+        """Unroll ``steps`` TTT steps over ``batch``; ``norm`` [S] float = loss positions of
+        each step in the global batch (divided by the world size under DDP gradient averaging)."""
+        m = self.drafter
+        B, T = batch.input_ids.shape
+        L = T - 1
+        cols = torch.arange(L, device=batch.input_ids.device).expand(B, L)  # [B, L]
+        hidden = m.fuse_aux(batch.aux_hidden[:, :L])  # [B, L, H]
+        history: list[tuple[torch.Tensor, torch.Tensor]] = []
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        loss_sum, hits, sups = [], [], []
+        for k in range(self.steps):
+            ids = shift(batch.input_ids, k, L)  # [B, L] token x_{t+1+k}
+            hidden = m.ttt_step(ids, hidden, cols + k, history)  # [B, L, H]
+            logits = m.logits(hidden)  # [B, L, K]
+            sup, label = shift(batch.sup, k, L, False), shift(batch.label, k, L, -1)
+            mask = self.loss_mask(sup, label)
+            per_col = self.step_loss(logits, shift(batch.target_probs, k, L), label)  # [B, L]
+            step_sum = (per_col * mask).sum()
+            loss = loss + self.weights[k] * step_sum / norm[k]
+            loss_sum.append(step_sum.detach())
+            hits.append((logits.detach().argmax(-1) == label) & sup)
+            sups.append(sup)
+        return StepOutput(loss, torch.stack(loss_sum), torch.stack(hits), torch.stack(sups))
+
+    def loss_counts(self, batch: TrainBatch) -> torch.Tensor:
+        """[S] float: loss positions per step in ``batch`` (known before the forward)."""
+        L = batch.input_ids.shape[1] - 1
+        return torch.stack([self.loss_mask(shift(batch.sup, k, L, False),
+                                           shift(batch.label, k, L, -1)).sum()
+                            for k in range(self.steps)]).float()

@@ -1,0 +1,175 @@
+"""``specdraft train``: read ``RUN/extract`` (or run the verifier online) and ``RUN/vocab``,
+train an EAGLE-3 drafter, write ``RUN/train``.
+
+Outputs: ``checkpoints/step-N/`` (drafter + ``train_state.pt``), ``best/`` (the drafter with
+the highest validation ``τ̂``), ``last/``, ``metrics.jsonl``, ``tb/`` (TensorBoard) and
+``manifest.json`` (final and best validation metrics, tokens/s, peak memory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from specdraft.core.errors import ConfigError, InputError
+from specdraft.core.manifest import StageClock, input_hash, write_manifest
+from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
+from specdraft.models.eagle3 import AUX_CONVENTION, Eagle3Config, Eagle3DraftModel
+from specdraft.train.config import TrainConfig
+from specdraft.train.data import Collator, row_lengths, split_indices
+from specdraft.train.distributed import DistEnv, barrier, init_distributed, shutdown, wrap
+from specdraft.train.loop import Data, Trainer, fit
+from specdraft.train.objective import TTTObjective
+
+VOCAB_FILE = "vocab_map.safetensors"
+
+
+def load_vocab_map(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(d2t [K] int64, t2d [V] bool)`` from ``RUN/vocab``; :class:`InputError` if they
+    disagree (every ``draft + d2t[draft]`` must be a distinct id with ``t2d`` set)."""
+    path = stage_dir(run_dir, "vocab") / VOCAB_FILE
+    if not path.exists():
+        raise InputError(f"{path} not found; run `specdraft vocab --run-dir {run_dir}` first")
+    tensors = load_file(str(path))
+    d2t, t2d = tensors["d2t"].long(), tensors["t2d"].bool()
+    ids = torch.arange(d2t.numel()) + d2t
+    if ids.min() < 0 or ids.max() >= t2d.numel() or not t2d[ids].all() \
+            or int(t2d.sum()) != d2t.numel() or ids.unique().numel() != ids.numel():
+        raise InputError(f"{path}: d2t and t2d disagree (draft id + d2t must map onto the "
+                         f"{int(t2d.sum())} distinct ids marked in t2d)")
+    return d2t, t2d
+
+
+def verifier_hf_config(cfg: TrainConfig, verifier: Any, extract_manifest: dict | None) -> Any:
+    """The verifier's HF config: from the model object, the extract manifest's
+    ``verifier_config`` (a ``config.to_dict()``), or ``from_pretrained`` on ``--verifier`` /
+    the manifest's ``verifier.path`` (what ``specdraft extract`` records)."""
+    from transformers import AutoConfig
+
+    if verifier is not None:
+        return verifier.config
+    manifest = extract_manifest or {}
+    if isinstance(manifest.get("verifier_config"), dict):
+        d = dict(manifest["verifier_config"])
+        return AutoConfig.for_model(d.pop("model_type"), **d)
+    recorded = manifest.get("verifier")
+    path = cfg.verifier or (recorded.get("path") if isinstance(recorded, dict) else recorded)
+    if not path:
+        raise ConfigError("--verifier: needed to read the verifier's config (the extract "
+                          "manifest carries neither verifier_config nor verifier)")
+    from specdraft.core.verifier import resolve_verifier
+
+    directory, gguf = resolve_verifier(path)
+    return AutoConfig.from_pretrained(directory, gguf_file=gguf)
+
+
+def verifier_head(verifier: Any, run_dir: Path) -> dict[str, torch.Tensor]:
+    """``{"lm_head.weight": [V, H], "embed_tokens.weight": [V, H]}`` from the loaded verifier,
+    else from ``RUN/extract/verifier_head.safetensors``."""
+    if verifier is not None:
+        return {"lm_head.weight": verifier.get_output_embeddings().weight.detach(),
+                "embed_tokens.weight": verifier.get_input_embeddings().weight.detach()}
+    from specdraft.extract.source import load_verifier_head
+
+    return load_verifier_head(stage_dir(run_dir, "extract"))
+
+
+def open_source(cfg: TrainConfig, verifier: Any, env: DistEnv) -> tuple[Any, Any, dict]:
+    """``(source, verifier, inputs)``: a DiskSource over ``RUN/extract`` or, with ``--online``,
+    an OnlineSource running the verifier over ``RUN/prepare/dataset``."""
+    from specdraft.extract import source as src
+
+    if not cfg.online:
+        require_stage(cfg.run_dir, "extract")
+        return src.DiskSource(stage_dir(cfg.run_dir, "extract")), verifier, \
+            {"extract": input_hash(stage_dir(cfg.run_dir, "extract"))}
+    import datasets
+
+    from specdraft.core.verifier import load_verifier
+    from specdraft.extract.capture import check_aux_ids, default_aux_ids, num_layers
+
+    require_stage(cfg.run_dir, "prepare")
+    if verifier is None:
+        verifier = load_verifier(cfg.verifier, device=str(env.device))
+    n = num_layers(verifier)
+    aux = check_aux_ids(cfg.aux_layers, n) if cfg.aux_layers else default_aux_ids(n)
+    dataset = datasets.load_from_disk(str(stage_dir(cfg.run_dir, "prepare") / "dataset"))
+    return src.OnlineSource(verifier, dataset, aux, device=env.device), verifier, \
+        {"prepare": input_hash(stage_dir(cfg.run_dir, "prepare"))}
+
+
+def build_drafter(cfg: TrainConfig, hf_config: Any, source: Any, head: dict[str, torch.Tensor],
+                  d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3DraftModel:
+    """A fresh drafter shaped from the verifier, ``embed_tokens`` copied (frozen), d2t/t2d set.
+
+    Raises :class:`InputError` when the source's hidden size or vocab size disagree."""
+    config = Eagle3Config.from_verifier(
+        hf_config, draft_vocab_size=d2t.numel(), aux_layer_ids=tuple(source.aux_layer_ids),
+        attn_impl=cfg.attn_impl, norm_before_residual=cfg.norm_before_residual)
+    if source.hidden_size != config.target_hidden_size or t2d.numel() != config.vocab_size:
+        raise InputError(f"verifier hidden/vocab {config.target_hidden_size}/"
+                         f"{config.vocab_size} but source hidden {source.hidden_size}, "
+                         f"t2d over {t2d.numel()} ids")
+    torch.manual_seed(cfg.seed)
+    model = Eagle3DraftModel(config)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(head["embed_tokens.weight"].float())
+        model.d2t.copy_(d2t)
+        model.t2d.copy_(t2d)
+    return model
+
+
+def run(config: TrainConfig, verifier: Any = None, source: Any = None) -> dict[str, Any]:
+    """Train a drafter; returns the manifest (on every rank; only rank 0 writes files).
+
+    ``verifier``: an already-loaded HF causal LM (online mode, or the head and config source
+    when ``source`` is given); ``source``: a ready hidden-state source (tests, ``specdraft
+    run``). Runs under torchrun when ``WORLD_SIZE > 1``.
+    """
+    clock = StageClock()
+    env = init_distributed(config.device)
+    try:
+        return _run(config, env, clock, verifier, source)
+    finally:
+        shutdown(env)
+
+
+def _run(cfg: TrainConfig, env: DistEnv, clock: StageClock, verifier: Any, source: Any) -> dict:
+    require_stage(cfg.run_dir, "vocab")
+    if env.is_main:
+        open_stage_dir(cfg.run_dir, "train", resume=cfg.resume, overwrite=cfg.overwrite)
+    barrier(env)
+    out = stage_dir(cfg.run_dir, "train")
+    d2t, t2d = load_vocab_map(cfg.run_dir)
+    inputs = {"vocab": input_hash(stage_dir(cfg.run_dir, "vocab"))}
+    if source is None:
+        source, verifier, more = open_source(cfg, verifier, env)
+        inputs.update(more)
+    extract_dir = stage_dir(cfg.run_dir, "extract")
+    from specdraft.core.manifest import read_manifest
+
+    hf = verifier_hf_config(cfg, verifier, read_manifest(extract_dir))
+    head = verifier_head(verifier, cfg.run_dir)
+    drafter = build_drafter(cfg, hf, source, head, d2t, t2d).to(env.device)
+    objective = TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
+                             loss=cfg.loss, oov_policy=cfg.oov_policy)
+    lengths = row_lengths(source)
+    train_idx, val_idx = split_indices(source.keys(), cfg.val_fraction, cfg.seed)
+    data = Data(source, Collator(head["lm_head.weight"], d2t, env.device), train_idx, val_idx,
+                lengths)
+    trainer = Trainer(cfg, env, objective, wrap(objective, env, cfg.parallel), data, out)
+    figures = fit(trainer, resume=cfg.resume)
+    counts = {"rows": len(lengths), "rows_train": len(train_idx), "rows_val": len(val_idx),
+              "tokens_train": sum(lengths[i] for i in train_idx)}
+    extra = {**figures, "world_size": env.world_size, "parallel": cfg.parallel,
+             "device": str(env.device), "drafter_config": drafter.config.to_dict(),
+             "aux_convention": AUX_CONVENTION}
+    manifest = {"counts": counts, **extra}
+    if env.is_main:
+        manifest = write_manifest(out, stage="train", config=cfg, clock=clock, inputs=inputs,
+                                  counts=counts, extra=extra)
+    barrier(env)
+    return manifest

@@ -1,0 +1,79 @@
+"""An in-memory hidden-state source with the interface of ``specdraft.extract.source``, computed
+from a real (tiny, random) HF Llama with ``output_hidden_states=True``, and a synthetic
+self-distilled corpus: greedy continuations of the same verifier (repetitive, as random tiny
+models fall into loops), so the data tokens are the verifier's greedy tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    aux_hidden: torch.Tensor
+    final_hidden: torch.Tensor
+    target_positions: torch.Tensor
+
+
+class MemorySource:
+    """Rows computed once: aux = cat(hidden_states[i] for i in aux ids), final = hidden_states[N]
+    (after the final norm) at the positions p with loss_mask[p+1] == 1."""
+
+    def __init__(self, model, samples: list[tuple[str, list[int], list[int]]],
+                 aux_layer_ids=(1, 2, 3)) -> None:
+        self.aux_layer_ids = tuple(aux_layer_ids)
+        self.hidden_size = model.config.hidden_size
+        self.rows = [self._row(model, *s) for s in samples]
+
+    @torch.no_grad()
+    def _row(self, model, key, ids, mask) -> Row:
+        ids_t = torch.tensor(ids, dtype=torch.long)
+        mask_t = torch.tensor(mask, dtype=torch.uint8)
+        hs = model(ids_t[None], output_hidden_states=True).hidden_states
+        aux = torch.cat([hs[i][0] for i in self.aux_layer_ids], dim=-1).float()
+        pos = torch.nonzero(mask_t[1:] == 1).flatten()
+        return Row(key, ids_t, mask_t, aux, hs[-1][0, pos].float(), pos)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def keys(self) -> list[str]:
+        return [r.key for r in self.rows]
+
+    def get_batch(self, indices) -> list[Row]:
+        return [self.rows[i] for i in indices]
+
+
+@torch.no_grad()
+def greedy_corpus(model, n: int, prompt_len: int = 6, gen_len: int = 30, seed: int = 0,
+                  vocab_range: int = 2000) -> list[tuple[str, list[int], list[int]]]:
+    """``n`` samples: a random prompt then the verifier's greedy continuation (loss-masked)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, vocab_range, (n, prompt_len), generator=g)
+    ids = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                         max_new_tokens=gen_len, min_new_tokens=gen_len, pad_token_id=0)
+    out = [(f"s{i}/0", ids[i].tolist(), [0] * prompt_len + [1] * gen_len) for i in range(n)]
+    return out
+
+
+def write_vocab(run_dir: Path, samples, vocab_size: int, drop: tuple[int, ...] = ()) -> list[int]:
+    """``RUN/vocab``: draft vocab = the loss-masked tokens of ``samples`` (minus ``drop``);
+    writes vocab_map.safetensors and a manifest; returns the target ids, ascending."""
+    from specdraft.core.atomic import atomic_write_json
+
+    ids = sorted({t for _, x, m in samples for t, keep in zip(x, m) if keep} - set(drop))
+    draft = torch.tensor(ids, dtype=torch.long)
+    d2t = draft - torch.arange(len(ids))
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[draft] = True
+    (run_dir / "vocab").mkdir(parents=True, exist_ok=True)
+    save_file({"d2t": d2t, "t2d": t2d}, str(run_dir / "vocab" / "vocab_map.safetensors"))
+    atomic_write_json(run_dir / "vocab" / "manifest.json", {"stage": "vocab"})
+    return ids
