@@ -26,6 +26,8 @@ from specdraft.cli import vocab as _vocab  # noqa: E402
 app.command("vocab")(_vocab.command)
 from specdraft.cli import extract as _extract  # noqa: E402
 app.command("extract")(_extract.command)
+from specdraft.cli import train as _train  # noqa: E402
+app.command("train")(_train.command)
 
 
 def main() -> None:
