@@ -135,6 +135,17 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
+def ttt_mask(T: int, steps: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bool [T, steps*T] mask of the query columns of the last of ``steps`` TTT steps.
+
+    Key block 0 (step-0 keys) is causal (``s <= t``); key blocks 1..steps-1 are the identity
+    (query ``t`` sees only its own column's key from each earlier step). True = attend.
+    """
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(T, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * (steps - 1), dim=1)
+
+
 def ttt_attention_dense(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                         scale: float) -> torch.Tensor:
     """TTT attention with an explicit mask and SDPA (reference path, O(k·T²) memory).
@@ -142,10 +153,7 @@ def ttt_attention_dense(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     q [B, h, T, d]; keys/values: one [B, h, T, d] per step 0..k. Query t sees step-0 keys
     s <= t and, for every step j >= 1, only key t. Returns [B, h, T, d].
     """
-    T = q.shape[2]
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    eye = torch.eye(T, dtype=torch.bool, device=q.device)
-    mask = torch.cat([causal] + [eye] * (len(keys) - 1), dim=1)  # [T, (k+1)T]
+    mask = ttt_mask(q.shape[2], len(keys), device=q.device)  # [T, (k+1)T]
     k = torch.cat(keys, dim=2)
     v = torch.cat(values, dim=2)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
