@@ -1,0 +1,75 @@
+"""Progress line and summary figures (by hand), and the CLI verb end to end."""
+
+import io
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from specdraft.generate.fakeserver import LoopbackServer
+from specdraft.generate.progress import Progress, format_summary, progress_line
+
+
+def test_progress_line_matches_the_issue_example():
+    # 9850 samples in 18547 s: 0.531 req/s; 150 left / 0.531 = 282 s = 0.08 h
+    assert progress_line(9850, 10000, 0, 18547.0, 9850 * 1941) == (
+        "Progress: 9850/10000 (0 errors), 0.5 req/s, avg completion: 1941 tokens, "
+        "elapsed: 18547s, ETA: 0.1h")
+
+
+def test_progress_cadence_and_summary():
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress(4, interval_s=10, stream=out, clock=lambda: now[0])
+    now[0] = 5
+    p.update(reject=None, completion_tokens=100, reasoning=True)
+    assert out.getvalue() == ""  # not due before 10 s
+    now[0] = 10
+    p.update(reject=None, completion_tokens=300, reasoning=False)
+    assert out.getvalue() == ("Progress: 2/4 (0 errors), 0.2 req/s, avg completion: 200 tokens, "
+                              "elapsed: 10s, ETA: 0.0h\n")
+    now[0] = 15
+    p.update(reject="error", completion_tokens=0, reasoning=False)
+    p.update(reject="truncated", completion_tokens=400, reasoning=True)
+    assert out.getvalue().count("\n") == 1  # next line due at 20 s
+    s = p.summary()
+    assert s == {"generated": 2, "rejected": {"error": 1, "truncated": 1}, "errors": 1,
+                 "with_reasoning": 1, "with_reasoning_pct": 50.0, "completion_tokens": 800,
+                 "completion_tokens_mean": 200.0, "elapsed_s": 15.0, "req_per_s": 0.267,
+                 "tokens_per_s": 53.3}
+    assert "rejected: 2 (error=1, truncated=1)" in format_summary(s)
+
+
+def _app():
+    from specdraft.cli.generate import command
+
+    app = typer.Typer()
+    app.callback()(lambda: None)  # keep "generate" a sub-command even when it is the only one
+    app.command("generate")(command)
+    return app
+
+
+def test_cli_generate_with_config_file_and_refusal(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question": "q1"}) + "\n" + json.dumps({"question": "q2"}))
+    with LoopbackServer() as url:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"run_dir: {tmp_path / 'run'}\ngenerate:\n  backend: openai\n"
+                       f"  endpoint: [{url}]\n  max_tokens: 16\n")
+        args = ["generate", "--config", str(cfg), "--prompts", str(prompts), "--field",
+                "question=question", "--chat-template-kwargs", '{"enable_thinking": false}']
+        res = CliRunner().invoke(_app(), args)
+        assert res.exit_code == 0, res.output
+        assert "generate: 2 samples, rejected none" in res.output
+        again = CliRunner().invoke(_app(), args)
+    assert "--resume" in str(again.exception)
+    rec = json.loads((tmp_path / "run/generate/samples.jsonl").read_text().splitlines()[0])
+    assert rec["chat_template_kwargs"] == {"enable_thinking": False}
+    man = json.loads((tmp_path / "run/generate/manifest.json").read_text())
+    assert man["config"]["max_tokens"] == 16 and man["counts"]["samples"] == 2
+
+
+def test_cli_bad_json_flag_names_the_flag(tmp_path):
+    res = CliRunner().invoke(_app(), ["generate", "--prompts", "x", "--run-dir", "r",
+                                      "--chat-template-kwargs", "{oops"])
+    assert "--chat-template-kwargs: not valid JSON" in str(res.exception)
