@@ -85,3 +85,17 @@ def test_given_id_reused_for_other_prompt_is_an_error(tmp_path):
     path = _jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}])
     with pytest.raises(InputError, match=r"p.jsonl:2: id 'a' already used at .*p.jsonl:1"):
         read_prompts(path, **KW)
+
+
+@pytest.mark.parametrize("values,msg", [
+    ({"backend": "openai"}, "--endpoint .*needs at least one --endpoint URL"),
+    ({"resume": True, "overwrite": True}, "--overwrite .*exclude each other"),
+    ({"endpoint": ["gpu1:8000"]}, "--endpoint .*not an http"),
+    ({"fields": {"questoin": "q"}}, "--fields .*unknown field kind"),
+])
+def test_config_errors_name_the_flag(values, msg):
+    from specdraft.core.errors import ConfigError
+    from specdraft.generate.config import GenerateConfig
+
+    with pytest.raises(ConfigError, match=msg):
+        GenerateConfig.build({"prompts": "p.jsonl", "run_dir": "r", **values})

@@ -80,3 +80,45 @@ def test_kill_after_three_writes_then_resume(tmp_path):
     assert _ids(samples) == ["p3", "p0", "p5", "p1", "p4", "p2"]
     assert m["counts"]["already_done"] == 3 and m["counts"]["samples"] == 6
     assert m["counts"]["finished_this_run"] == 3 and m["counts"]["rejected"] == {}
+
+
+CHILD_INT = ("import json, sys; from specdraft.generate.config import GenerateConfig; "
+             "from specdraft.generate.run import run\n"
+             "try:\n    run(GenerateConfig(**json.loads(sys.argv[1])))\n"
+             "except KeyboardInterrupt:\n    sys.exit(130)")
+
+
+def test_ctrl_c_writes_finished_results(tmp_path):
+    """SIGINT while three results sit unflushed in the buffer (flush_every=100): they are
+    written, no manifest, and --resume finishes the rest."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"p{i}"}) + "\n"
+                               for i in range(6)))
+    samples = tmp_path / "run/generate/samples.jsonl"
+    handler = OrderedHandler()
+    answered = []
+
+    async def counting(body):
+        reply = await handler(body)
+        answered.append(last_user(body))
+        return reply
+
+    with LoopbackServer(counting) as url:
+        settings = dict(prompts=str(prompts), run_dir=str(tmp_path / "run"), backend="openai",
+                        endpoint=[url], concurrency=6, flush_every=100, flush_interval_s=600,
+                        max_retries=0)
+        child = subprocess.Popen([sys.executable, "-c", CHILD_INT, json.dumps(settings)])
+        deadline = time.monotonic() + 60
+        while len(answered) < 3:
+            assert time.monotonic() < deadline and child.poll() is None
+            time.sleep(0.01)
+        time.sleep(0.3)  # let the child parse the third response
+        assert not samples.exists() or samples.read_text() == ""  # still buffered
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=20) == 130
+        assert _ids(samples) == ["p3", "p0", "p5"]
+        assert not (tmp_path / "run/generate/manifest.json").exists()
+        handler.release.set()
+        m = run(GenerateConfig(**settings, resume=True), stream=io.StringIO())
+    assert sorted(_ids(samples)) == [f"p{i}" for i in range(6)]
+    assert m["counts"]["samples"] == 6 and m["counts"]["already_done"] == 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from specdraft.core.config import StageConfig
 
@@ -32,7 +32,7 @@ class GenerateConfig(StageConfig):
     run_dir: str
     backend: Literal["openai", "local"] = "local"
     # openai backend
-    endpoint: list[str] = Field(default_factory=list)
+    endpoint: list[str] = Field(default_factory=list, validate_default=True)
     model: str | None = None
     api_key_env: str | None = None
     concurrency: int = Field(64, ge=1)
@@ -58,13 +58,13 @@ class GenerateConfig(StageConfig):
     fields: dict[str, str] = Field(default_factory=dict)
     limit: int | None = Field(None, ge=1)
     # reasoning
-    think_open: str = "<think>"
-    think_close: str = "</think>"
+    think_open: str = Field("<think>", min_length=1)
+    think_close: str = Field("</think>", min_length=1)
     require_reasoning: bool = False
     malformed_think: Literal["reject", "keep"] = "reject"
     # run control
     resume: bool = False
-    overwrite: bool = False
+    overwrite: bool = Field(False, validate_default=True)
     flush_every: int = Field(64, ge=1)
     flush_interval_s: float = Field(5.0, gt=0)
     progress_interval_s: float = Field(30.0, gt=0)
@@ -79,21 +79,20 @@ class GenerateConfig(StageConfig):
 
     @field_validator("endpoint")
     @classmethod
-    def _http_endpoints(cls, v: list[str]) -> list[str]:
+    def _http_endpoints(cls, v: list[str], info: ValidationInfo) -> list[str]:
         for url in v:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{url!r} is not an http(s) URL")
+        if info.data.get("backend") == "openai" and not v:
+            raise ValueError("--backend openai needs at least one --endpoint URL")
         return v
 
-    @model_validator(mode="after")
-    def _consistent(self) -> "GenerateConfig":
-        if self.resume and self.overwrite:
+    @field_validator("overwrite")
+    @classmethod
+    def _not_both(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("resume"):
             raise ValueError("--resume and --overwrite exclude each other; pass one")
-        if self.backend == "openai" and not self.endpoint:
-            raise ValueError("--backend openai needs at least one --endpoint URL")
-        if not self.think_open or not self.think_close:
-            raise ValueError("--think-open and --think-close must be non-empty")
-        return self
+        return v
 
     def field_map(self) -> dict[str, str]:
         """The input column of each field kind: defaults overridden by ``fields``."""
