@@ -167,7 +167,8 @@ class TTTObjective(nn.Module):
             mask = self.loss_mask(sup, label)
             per_col = self.step_loss(logits, shift(batch.target_probs, k, L), label)  # [B, L]
             step_sum = (per_col * mask).sum()
-            loss = loss + self.weights[k] * step_sum / norm[k]
+            scale = self.weights[k] / norm[k] if norm[k] > 0 else 0.0  # no loss positions: 0
+            loss = loss + scale * step_sum
             loss_sum.append(step_sum.detach())
             hits.append((logits.detach().argmax(-1) == label) & sup)
             sups.append(sup)

@@ -1,0 +1,145 @@
+"""TTT mask, alignment, padding invariance, out-of-vocab policy, soft/hard loss values."""
+
+import torch
+from torch import nn
+
+from memsource import Row
+from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel, ttt_mask
+from specdraft.train.data import Collator
+from specdraft.train.objective import TrainBatch, TTTObjective
+
+
+def test_ttt_mask_T4_3_steps_by_hand():
+    want = torch.tensor([
+        # step-0 keys  step-1 keys  step-2 keys
+        [1, 0, 0, 0,   1, 0, 0, 0,  1, 0, 0, 0],
+        [1, 1, 0, 0,   0, 1, 0, 0,  0, 1, 0, 0],
+        [1, 1, 1, 0,   0, 0, 1, 0,  0, 0, 1, 0],
+        [1, 1, 1, 1,   0, 0, 0, 1,  0, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(ttt_mask(4, 3), want)
+
+
+class Recorder(nn.Module):
+    """A stand-in drafter: records what each TTT step is fed; its logits put all mass on a
+    fixed draft id per (step) so hits are known."""
+
+    def __init__(self, K: int) -> None:
+        super().__init__()
+        self.K, self.seen = K, []
+        self.w = nn.Parameter(torch.zeros(()))
+
+    def fuse_aux(self, aux):
+        return aux[..., :1] + self.w  # [B, L, 1]: carries the column's feature id
+
+    def ttt_step(self, ids, hidden, pos, history):
+        self.seen.append((ids.clone(), pos.clone(), hidden[..., 0].detach().clone()))
+        history.append(None)
+        return hidden
+
+    def logits(self, hidden):
+        ids = self.seen[-1][0]  # predict draft id = the fed token id (mod K) + 1
+        return torch.nn.functional.one_hot((ids + 1) % self.K, self.K).float() * 10 + 0 * hidden
+
+
+def hand_batch(loss_mask, K=10):
+    """x_t = t (token ids 0..T-1), feature of position t = 100 + t, label at p = x_{p+1}."""
+    T = len(loss_mask)
+    lm = torch.tensor(loss_mask)
+    sup = torch.zeros(1, T, dtype=torch.bool)
+    sup[0, :-1] = lm[1:] == 1
+    label = torch.where(sup, torch.arange(T)[None] + 1, torch.tensor(-1))
+    probs = torch.nn.functional.one_hot(label.clamp(min=0), K).float() * sup[..., None]
+    aux = (100.0 + torch.arange(T, dtype=torch.float32)).view(1, T, 1)
+    return TrainBatch(torch.arange(T)[None], aux, sup, probs, label, T)
+
+
+def test_alignment_on_hand_made_batch():
+    """T=6, loss_mask [0,0,0,1,1,1] (the docstring's worked example), 3 steps."""
+    rec = Recorder(10)
+    obj = TTTObjective(rec, steps=3)
+    out = obj(hand_batch([0, 0, 0, 1, 1, 1]), torch.ones(3))
+    for k, (ids, pos, feat) in enumerate(rec.seen):
+        assert ids[0].tolist() == [t + 1 + k if t + 1 + k < 6 else 0 for t in range(5)]
+        assert pos[0].tolist() == [t + k for t in range(5)]
+        assert feat[0].tolist() == [100.0 + t for t in range(5)]  # step k-1's output, same column
+    # supervised iff loss_mask[t+2+k] == 1: step 0 -> columns 1,2,3; step 1 -> 0,1,2; step 2 -> 0,1
+    assert out.sup[:, 0].int().tolist() == [[0, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]]
+    # the stand-in predicts fed token + 1 = x_{t+2+k}: every supervised column is a hit
+    assert torch.equal(out.hits, out.sup)
+
+
+def tiny_drafter(attn="split") -> Eagle3DraftModel:
+    torch.manual_seed(0)
+    c = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                     intermediate_size=64, rms_norm_eps=1e-6, rope_theta=10000.0,
+                     max_position_embeddings=512, vocab_size=40, draft_vocab_size=12,
+                     target_hidden_size=16, aux_layer_ids=(1, 2), attn_impl=attn)
+    return Eagle3DraftModel(c)
+
+
+def random_row(key, T, n_sup_from, g):
+    mask = torch.zeros(T, dtype=torch.uint8)
+    mask[n_sup_from:] = 1
+    pos = torch.nonzero(mask[1:] == 1).flatten()
+    return Row(key, torch.randint(0, 40, (T,), generator=g), mask,
+               torch.randn(T, 32, generator=g), torch.randn(len(pos), 16, generator=g), pos)
+
+
+def collator(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    d2t = torch.arange(0, 24, 2)[:12] - torch.arange(12)  # draft ids -> even target ids
+    head = torch.randn(40, 16, generator=g) * 3
+    head[1::2] *= 0.05  # odd ids (outside the draft vocab) rarely win the argmax
+    return Collator(head, d2t, torch.device("cpu"))
+
+
+def test_padding_does_not_change_the_loss():
+    g = torch.Generator().manual_seed(1)
+    a = random_row("a/0", 9, 3, g)
+    col = collator()
+    for attn in ("dense", "split"):
+        obj = TTTObjective(tiny_drafter(attn), steps=3)
+        small = col([a])
+        padded = col([a, random_row("b/0", 14, 14, g)])  # b: longer, no supervised position
+        assert padded.input_ids.shape == (2, 14)
+        n = obj.loss_counts(small)
+        assert n[0] >= 2
+        assert torch.equal(n, obj.loss_counts(padded))
+        l1, l2 = obj(small, n).loss, obj(padded, n).loss
+        torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
+
+
+def test_collator_targets_and_oov_policy():
+    """lm_head = 5 * identity over 6 ids; the draft vocab holds target ids {0, 2, 4}."""
+    lm_head = torch.eye(6) * 5
+    d2t = torch.tensor([0, 1, 2])  # draft 0,1,2 -> target 0,2,4
+    col = Collator(lm_head, d2t, torch.device("cpu"))
+    mask = torch.tensor([0, 1, 1, 1], dtype=torch.uint8)
+    final = torch.eye(6)[[2, 3, 4]]  # verifier argmax at p=0,1,2: ids 2, 3 (OOV), 4
+    row = Row("r/0", torch.tensor([5, 2, 3, 4]), mask, torch.zeros(4, 2), final,
+              torch.tensor([0, 1, 2]))
+    b = col([row])
+    assert b.sup[0].tolist() == [True, True, True, False]
+    assert b.label[0].tolist() == [1, -1, 2, -1]
+    e5 = torch.exp(torch.tensor(5.0))
+    torch.testing.assert_close(b.target_probs[0, 0], torch.stack([1 / (e5 + 2), e5 / (e5 + 2),
+                                                                  1 / (e5 + 2)]))
+    # the OOV position p=1 has the uniform restricted distribution (id 3 is not in the vocab)
+    torch.testing.assert_close(b.target_probs[0, 1], torch.full((3,), 1 / 3))
+    m = TTTObjective(nn.Identity(), steps=1, oov_policy="mask")
+    sup, lab = b.sup[:, 1:], b.label[:, 1:]  # step 0 view: column t <- position t+1
+    assert m.loss_mask(sup, lab)[0].tolist() == [False, True, False]  # p=1 OOV dropped
+    keep = TTTObjective(nn.Identity(), steps=1, oov_policy="keep")
+    assert keep.loss_mask(sup, lab)[0].tolist() == [True, True, False]
+
+
+def test_soft_and_hard_loss_values_by_hand():
+    obj = TTTObjective(nn.Identity(), steps=1)
+    logits = torch.tensor([[[0.0, 1.0, 2.0]]])
+    probs = torch.tensor([[[0.2, 0.3, 0.5]]])
+    logq = logits - torch.logsumexp(logits, -1, keepdim=True)
+    soft = -(probs * logq).sum()
+    torch.testing.assert_close(obj.step_loss(logits, probs, torch.tensor([[2]]))[0, 0], soft)
+    hard = TTTObjective(nn.Identity(), steps=1, loss="hard")
+    torch.testing.assert_close(hard.step_loss(logits, probs, torch.tensor([[1]]))[0, 0],
+                               -logq[0, 0, 1])
