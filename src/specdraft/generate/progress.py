@@ -41,7 +41,13 @@ class Progress:
         self.completion_tokens = 0
         self.with_reasoning = 0
         self._bar = None
-        if self.stream.isatty() and total > 0:
+        self.set_total(total)
+
+    def set_total(self, total: int) -> None:
+        """Set the number of samples to do; on a TTY, (re)create the bar."""
+        self.total = total
+        self.close()
+        if total > 0 and getattr(self.stream, "isatty", lambda: False)():
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, file=self.stream, unit="sample", dynamic_ncols=True)

@@ -177,7 +177,7 @@ def run(config: GenerateConfig, *, verifier: Any = None, stream: TextIO | None =
     facts: dict[str, Any] = {}
     try:
         todo, counts = _select(config, out, prior, sink)
-        progress.total = len(todo)
+        progress.set_total(len(todo))
         if config.backend == "openai":
             facts = asyncio.run(_run_openai(todo, config, sink, api_key))
         else:
