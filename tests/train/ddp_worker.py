@@ -1,4 +1,5 @@
-"""Worker of the DDP equivalence test: ``ddp_worker.py RUN GRAD_ACCUM`` (under torchrun or not).
+"""Worker of the DDP equivalence test: ``ddp_worker.py RUN GRAD_ACCUM [ddp|fsdp]`` (under
+torchrun or not).
 Every rank rebuilds the same tiny verifier, corpus and source (seeded)."""
 
 import sys
@@ -13,6 +14,7 @@ from specdraft.train.run import run
 
 torch.set_num_threads(1)
 run_dir, accum = Path(sys.argv[1]), int(sys.argv[2])
+parallel = sys.argv[3] if len(sys.argv) > 3 else "ddp"
 verifier = tiny_llama()
 corpus = greedy_corpus(verifier, 16, gen_len=20, vocab_range=VOCAB)
 if int(__import__("os").environ.get("RANK", "0")) == 0:
@@ -24,5 +26,5 @@ else:
         time.sleep(0.1)
 run(TrainConfig(run_dir=run_dir, max_steps=6, epochs=100, ttt_steps=3, lr=3e-3, warmup_steps=2,
                 batch_tokens=26 * 2, grad_accum=accum, val_fraction=0.2, eval_every=3,
-                save_every=3, log_every=1, device="cpu"),
+                save_every=3, log_every=1, device="cpu", parallel=parallel),
     verifier=verifier, source=MemorySource(verifier, corpus))

@@ -1,0 +1,100 @@
+"""Training throughput of a SmolLM2-sized drafter: tokens/s and peak memory per TTT attention
+path (H=576, 9 heads / 3 kv heads, head_dim 64, intermediate 1536, draft vocab 32000,
+V=49152, one row of 2048 tokens, TTT 7, AdamW step included). On CUDA also the model FLOP
+utilisation (matmul FLOPs of forward+backward / time / --peak-tflops).
+
+    python benchmarks/bench_train.py [--device cpu|cuda] [--steps 3] [--seq 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+import torch
+
+from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
+from specdraft.train.objective import TrainBatch, TTTObjective
+
+
+def smollm2_drafter(attn: str) -> Eagle3DraftModel:
+    c = Eagle3Config(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                     intermediate_size=1536, rms_norm_eps=1e-5, rope_theta=100000.0,
+                     max_position_embeddings=8192, vocab_size=49152, draft_vocab_size=32000,
+                     target_hidden_size=576, aux_layer_ids=(2, 15, 27), attn_impl=attn)
+    return Eagle3DraftModel(c)
+
+
+def batch(T: int, K: int, device: str) -> TrainBatch:
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(1, T, K, generator=g) * 3, -1)
+    return TrainBatch(torch.randint(0, 49152, (1, T), generator=g),
+                      torch.randn(1, T, 3 * 576, generator=g), torch.ones(1, T, dtype=torch.bool),
+                      probs, torch.randint(0, K, (1, T), generator=g), T).to(device)
+
+
+def flops_per_token(c: Eagle3Config, steps: int, T: int) -> float:
+    """Matmul FLOPs per token, forward + backward (x3): fc once, then per step the layer
+    (q/k/v from 2H, o, MLP), the attention scores/values (causal ~T/2 keys) and lm_head."""
+    H, I, K = c.hidden_size, c.intermediate_size, c.draft_vocab_size
+    qkv = 2 * H * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    layer = qkv + c.num_attention_heads * c.head_dim * H + 3 * H * I + H * K
+    attn = 2 * c.num_attention_heads * c.head_dim * (T / 2)
+    return 3 * 2 * (3 * H * H + steps * (layer + attn))
+
+
+def bench(attn: str, device: str, steps: int, T: int, ttt: int) -> dict:
+    torch.manual_seed(0)
+    model = smollm2_drafter(attn).to(device)
+    obj = TTTObjective(model, steps=ttt)
+    opt = torch.optim.AdamW([p for p in obj.parameters() if p.requires_grad], lr=1e-4,
+                            betas=(0.9, 0.95))
+    b = batch(T, model.config.draft_vocab_size, device)
+    norm = obj.loss_counts(b)
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else \
+        torch.autocast("cpu", enabled=False)
+    times = []
+    for i in range(steps + 1):  # the first step warms up
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with ctx:
+            out = obj(b, norm)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(obj.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    dt = sum(times[1:]) / steps
+    r = {"attn": attn, "device": device, "seq": T, "ttt": ttt, "s_per_step": round(dt, 3),
+         "tokens_per_s": round(T / dt, 1)}
+    if device == "cuda":
+        r["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
+        r["tflops"] = round(flops_per_token(model.config, ttt, T) * T / dt / 1e12, 1)
+    else:
+        r["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2)
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--ttt", type=int, default=7)
+    ap.add_argument("--attn", default="split,dense")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak (H100/H200)")
+    a = ap.parse_args()
+    for attn in a.attn.split(","):
+        r = bench(attn, a.device, a.steps, a.seq, a.ttt)
+        if "tflops" in r:
+            r["mfu"] = round(r["tflops"] / a.peak_tflops, 3)
+        print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    main()
