@@ -28,6 +28,10 @@ from specdraft.cli import extract as _extract  # noqa: E402
 app.command("extract")(_extract.command)
 from specdraft.cli import train as _train  # noqa: E402
 app.command("train")(_train.command)
+from specdraft.cli import export as _export  # noqa: E402
+app.command("export")(_export.command)
+from specdraft.cli import eval as _eval  # noqa: E402
+app.command("eval")(_eval.command)
 
 
 def main() -> None:

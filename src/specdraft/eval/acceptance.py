@@ -1,0 +1,107 @@
+"""Acceptance counting for chain speculative decoding (pure Python, no torch).
+
+One *verify step* checks k drafted tokens in one verifier forward. The drafts accepted are the
+longest accepted **prefix** (a draft after a rejected one is never used, whatever its own flag);
+the verifier then adds one token (the correction on a rejection, the *bonus* after k accepted
+drafts). So a step commits ``accepted + 1`` tokens, and
+
+- τ (mean acceptance length) = committed tokens / verify steps, bonus counted — the figure vLLM
+  reports as ``1 + accepted / drafts`` (``vllm:spec_decode_*`` counters) and EAGLE-3
+  (arXiv 2503.01840, Sec. 4) calls τ;
+- acceptance rate = accepted drafts / drafted tokens;
+- per-position rate ``i`` = steps whose draft ``i`` (0-based) was accepted / steps that drafted
+  position ``i``.
+
+Stopping: when an accepted draft (or the verifier's token) is an EOS, generation stops there; the
+tokens after it are not committed and the committed count says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+
+def accepted_prefix(flags: Sequence[bool | int]) -> int:
+    """Length of the leading run of accepted drafts: ``[1, 0, 1] -> 1``, ``[1, 1, 1] -> 3``."""
+    n = 0
+    for f in flags:
+        if not f:
+            break
+        n += 1
+    return n
+
+
+def commit_tokens(drafts: Sequence[int], n_accepted: int, verifier_token: int,
+                  eos_ids: Iterable[int]) -> tuple[list[int], bool]:
+    """The tokens a step commits and whether generation stops.
+
+    ``drafts[:n_accepted] + [verifier_token]``, cut just after the first EOS (inclusive).
+    """
+    eos = set(eos_ids)
+    tokens = list(drafts[:n_accepted]) + [int(verifier_token)]
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1], True
+    return tokens, False
+
+
+@dataclass
+class StepRecord:
+    """One verify step: drafts proposed, accepted prefix length, tokens committed."""
+
+    k: int
+    accepted: int
+    committed: int
+
+
+@dataclass
+class AcceptanceStats:
+    """Running totals over verify steps (one prompt or a whole set)."""
+
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def add(self, k: int, accepted: int, committed: int) -> None:
+        self.steps.append(StepRecord(k, accepted, committed))
+
+    def extend(self, other: "AcceptanceStats") -> None:
+        self.steps.extend(other.steps)
+
+    @property
+    def verify_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def committed(self) -> int:
+        return sum(s.committed for s in self.steps)
+
+    @property
+    def drafted(self) -> int:
+        return sum(s.k for s in self.steps)
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.accepted for s in self.steps)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per verify step (bonus counted); 0 without steps."""
+        return self.committed / self.verify_steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def per_position(self) -> list[float]:
+        """Rate of acceptance of draft position i among the steps that drafted it."""
+        k_max = max((s.k for s in self.steps), default=0)
+        rates = []
+        for i in range(k_max):
+            drafted = sum(1 for s in self.steps if s.k > i)
+            rates.append(sum(1 for s in self.steps if s.k > i and s.accepted > i) / drafted)
+        return rates
+
+    def summary(self) -> dict:
+        return {"tau": self.tau, "acceptance_rate": self.acceptance_rate,
+                "per_position": self.per_position(), "verify_steps": self.verify_steps,
+                "drafted": self.drafted, "accepted": self.accepted, "committed": self.committed}

@@ -1,0 +1,45 @@
+"""Settings of ``specdraft eval`` (field names = CLI flags with ``_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from specdraft.core.config import StageConfig
+
+
+class EvalConfig(StageConfig):
+    """Frozen settings of the eval stage; validated on construction.
+
+    The drafter is ``drafter`` (a specdraft drafter directory or an exported one) or, with only
+    ``run_dir``, ``RUN/train/best``. Results go to ``RUN/eval/`` or, without a run dir, ``out``.
+    ``prompts``: JSONL with question / turns (first turn) / prompt / messages — the benchmark
+    defaults are MT-bench (``mt_bench/question.jsonl``) and GSM8K test. ``k`` drafts per verify
+    step; ``temperature`` 0 = greedy, > 0 = speculative sampling. ``server``: measure on a
+    running vLLM/SGLang instead (no local models).
+    """
+
+    run_dir: Path | None = None
+    drafter: Path | None = None
+    verifier: str = "smollm2"
+    prompts: Path
+    k: int = Field(4, ge=1, le=64)
+    temperature: float = Field(0.0, ge=0.0)
+    max_new_tokens: int = Field(128, ge=1)
+    limit: int | None = Field(None, ge=1)
+    seed: int = 0
+    device: str = "cpu"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    server: str | None = None
+    out: Path | None = None
+    overwrite: bool = False
+
+    @model_validator(mode="after")
+    def _where(self) -> "EvalConfig":
+        if self.server is None and self.run_dir is None and self.drafter is None:
+            raise ValueError("give --run-dir RUN, --drafter DIR or --server URL")
+        if self.run_dir is None and self.out is None:
+            raise ValueError("--out DIR is required without --run-dir")
+        return self

@@ -1,0 +1,128 @@
+"""``specdraft eval``: τ, acceptance rate and per-position acceptance of a drafter.
+
+Offline (default): each prompt is rendered with the verifier's chat template and decoded with
+:func:`specdraft.eval.specdec.generate` (both models KV-cached). With ``--server URL`` the
+prompts go to a running engine and its own counters are read (:mod:`specdraft.eval.server`).
+Writes ``results.json`` and ``acceptance.png`` to ``RUN/eval/`` (or ``--out``), then the manifest.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft.core.atomic import atomic_write_json
+from specdraft.core.manifest import StageClock, file_sha256, input_hash, read_manifest, \
+    write_manifest
+from specdraft.core.rundir import open_stage_dir, stage_dir
+from specdraft.eval.acceptance import AcceptanceStats
+from specdraft.eval.config import EvalConfig
+from specdraft.eval.plot import plot_acceptance
+from specdraft.eval.prompts import load_prompts, render
+
+STAGE = "eval"
+
+
+def drafter_dir(config: EvalConfig) -> Path:
+    return Path(config.drafter) if config.drafter is not None else \
+        stage_dir(config.run_dir, "train") / "best"
+
+
+def output_dir(config: EvalConfig) -> Path:
+    """``RUN/eval`` (refused when non-empty unless --overwrite) or ``--out``."""
+    if config.out is not None:
+        out = Path(config.out)
+        if out.exists() and any(out.iterdir()) and not config.overwrite:
+            from specdraft.core.errors import StageDirError
+
+            raise StageDirError(f"{out} is not empty; pass --overwrite")
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    return open_stage_dir(config.run_dir, STAGE, overwrite=config.overwrite)
+
+
+def eos_ids(tokenizer: Any, model: Any | None) -> list[int]:
+    """The tokenizer's EOS plus the verifier's generation-config EOS ids."""
+    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    ids |= set(extra if isinstance(extra, list) else [extra] if extra is not None else [])
+    return sorted(int(i) for i in ids)
+
+
+def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
+    """The drafter (any on-disk format) on the verifier's device, float32 on CPU."""
+    from specdraft.export.reader import build_model, read_drafter
+
+    d = read_drafter(drafter_dir(config))
+    embed = verifier.get_input_embeddings().weight.detach()
+    dtype = torch.float32 if config.dtype in ("auto", "float32") else torch.bfloat16
+    return build_model(d, verifier_embed=embed, device=str(embed.device), dtype=dtype)
+
+
+def offline_eval(config: EvalConfig, verifier: Any, tokenizer: Any,
+                 prompts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Speculative decoding over ``prompts``; aggregate and per-prompt figures."""
+    from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
+
+    model = load_drafter_model(config, verifier)
+    gen = torch.Generator().manual_seed(config.seed)
+    stats, rows, tokens, seconds = AcceptanceStats(), [], 0, 0.0
+    eos = eos_ids(tokenizer, verifier)
+    for p in prompts:
+        g = generate(VerifierSession(verifier, model.config.aux_layer_ids), EagleDrafter(model),
+                     render(tokenizer, p["messages"]), k=config.k,
+                     max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                     eos_ids=eos, generator=gen)
+        stats.extend(g.stats)
+        tokens += len(g.tokens)
+        seconds += g.seconds
+        rows.append({"id": p["id"], **g.summary()})
+        print(f"eval: {p['id']}: tau {g.stats.tau:.2f}, {len(g.tokens)} tokens", file=sys.stderr)
+    return {**stats.summary(), "new_tokens": tokens, "seconds": round(seconds, 3),
+            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "prompts": rows,
+            "aux_layer_ids": list(model.config.aux_layer_ids),
+            "draft_vocab_size": model.config.draft_vocab_size}
+
+
+def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
+    """Evaluate; return the manifest. ``verifier``: an already loaded HF model (so that
+    ``specdraft run`` loads it once); else it is loaded from ``config.verifier``."""
+    clock = StageClock()
+    prompts = load_prompts(config.prompts, config.limit)
+    out = output_dir(config)
+    if config.server is not None:
+        from specdraft.eval.server import server_eval
+
+        results = server_eval(config.server, prompts, max_tokens=config.max_new_tokens,
+                              temperature=config.temperature)
+    else:
+        from specdraft.core.verifier import load_tokenizer, load_verifier
+
+        tokenizer = load_tokenizer(config.verifier)
+        if verifier is None:
+            verifier = load_verifier(config.verifier, dtype=config.dtype, device=config.device)
+        results = offline_eval(config, verifier, tokenizer, prompts)
+    results = {"mode": "server" if config.server else "offline", "k": config.k,
+               "temperature": config.temperature, "verifier": config.verifier,
+               "drafter": None if config.server else str(drafter_dir(config)), **results}
+    atomic_write_json(out / "results.json", results)
+    if results.get("per_position"):
+        plot_acceptance(results["per_position"], out / "acceptance.png",
+                        title=f"tau {results['tau']:.2f}, k={config.k}, T={config.temperature}")
+    return write_manifest(out, stage=STAGE, config=config, clock=clock,
+                          inputs=_inputs(config),
+                          counts={"prompts": len(prompts), "new_tokens": results["new_tokens"]},
+                          extra={k: results.get(k) for k in
+                                 ("tau", "acceptance_rate", "per_position", "tokens_per_s",
+                                  "verify_steps", "mode")})
+
+
+def _inputs(config: EvalConfig) -> dict[str, str]:
+    inputs = {"prompts": file_sha256(config.prompts)}
+    if config.run_dir is not None and read_manifest(stage_dir(config.run_dir, "train")):
+        inputs["train"] = input_hash(stage_dir(config.run_dir, "train"))
+    return inputs
