@@ -32,6 +32,8 @@ from specdraft.cli import export as _export  # noqa: E402
 app.command("export")(_export.command)
 from specdraft.cli import eval as _eval  # noqa: E402
 app.command("eval")(_eval.command)
+from specdraft.cli import doctor as _doctor  # noqa: E402
+app.command("doctor")(_doctor.command)
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""``specdraft doctor``: find the silent causes of low acceptance in a drafter before serving it."""

@@ -1,0 +1,219 @@
+"""The doctor's checks: each returns a pass/fail :class:`Check` with a concrete fix.
+
+They target the silent failures of deployed drafters (server healthy, acceptance 1–15%): a
+shape or vocabulary that belongs to another verifier, aux ids an engine reads differently, a
+missing or broken ``d2t``, an embedding that is not the verifier's, ``norm_before_residual``
+left to a loader default, a short ``max_position_embeddings``, a chat template changed since
+``prepare``, think markers split into several tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from specdraft.export.formats import (FORMAT_SPECS, sglang_capture_hf_ids, vllm_capture_hf_ids)
+from specdraft.export.reader import DrafterOnDisk
+from specdraft.export.validate import check_vocab_map
+
+
+@dataclass
+class Check:
+    """Outcome of one check; ``fix`` says what to do when it fails."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix}
+
+
+@dataclass
+class Subject:
+    """What the doctor inspects: the drafter, the verifier (model + tokenizer) and, for a run
+    directory, the upstream manifests."""
+
+    drafter: DrafterOnDisk
+    verifier: Any
+    tokenizer: Any
+    run_dir: Path | None = None
+    extract: dict[str, Any] | None = None
+    prepare: dict[str, Any] | None = None
+
+    @property
+    def vcfg(self) -> Any:
+        c = self.verifier.config
+        return getattr(c, "text_config", None) or c
+
+
+def check_shapes(s: Subject) -> Check:
+    """Drafter hidden / target hidden / vocab equal the verifier's; fc input = n_aux x H."""
+    c, v = s.drafter.config, s.vcfg
+    problems = []
+    if c.target_hidden_size != v.hidden_size:
+        problems.append(f"target_hidden_size {c.target_hidden_size} != verifier {v.hidden_size}")
+    if c.hidden_size != v.hidden_size:
+        problems.append(f"hidden_size {c.hidden_size} != verifier {v.hidden_size} (the draft "
+                        f"layer reads the verifier's embedding)")
+    if c.vocab_size != v.vocab_size:
+        problems.append(f"vocab_size {c.vocab_size} != verifier {v.vocab_size}")
+    fc = s.drafter.state.get("fc.weight")
+    if fc is not None and fc.shape[1] != c.n_aux * c.target_hidden_size:
+        problems.append(f"fc.weight input {fc.shape[1]} != {c.n_aux} aux x "
+                        f"{c.target_hidden_size}")
+    return Check("hidden size and vocab match", not problems,
+                 "; ".join(problems) or f"hidden {c.hidden_size}, vocab {c.vocab_size}, fc "
+                 f"input {c.n_aux} x {c.target_hidden_size}",
+                 "train the drafter on this verifier, or point --verifier at the model it was "
+                 "trained for; then re-run `specdraft export`")
+
+
+def _engine_readings(d: DrafterOnDisk) -> dict[str, list[int] | None]:
+    """HF hidden_states each engine would capture for this drafter on disk."""
+    if d.raw_config is None:  # specdraft's own directory: our convention
+        return {"specdraft": list(d.config.aux_layer_ids)}
+    raw = d.raw_config
+    top = raw.get("eagle_aux_hidden_state_layer_ids")
+    out = {"vllm": vllm_capture_hf_ids(top) if top else None}
+    if d.format != "speculators":
+        inner = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        out["sglang"] = sglang_capture_hf_ids(inner) if inner else None
+    return out
+
+
+def check_aux_ids(s: Subject) -> Check:
+    """Each engine's reading of the ids (converted to HF hidden_states) = the training ids."""
+    want = [int(i) for i in (s.extract or {}).get("aux_layer_ids") or s.drafter.config.aux_layer_ids]
+    n = s.vcfg.num_hidden_layers
+    problems = []
+    for engine, ids in _engine_readings(s.drafter).items():
+        if ids is None:
+            problems.append(f"{engine}: no aux ids where it reads them")
+        elif ids != want:
+            problems.append(f"{engine} would capture hidden_states {ids}, trained on {want}")
+    bad = [i for i in want if not 1 <= i < n]
+    if bad:
+        problems.append(f"ids {bad} outside [1, {n - 1}] (engines capture before a layer)")
+    if s.drafter.format in ("sglang", "vllm") and len(want) != 3:
+        problems.append(f"{len(want)} aux layers: vLLM/SGLang build fc for 3")
+    return Check("aux ids present, right convention per engine", not problems,
+                 "; ".join(problems) or f"hidden_states {want} for every engine",
+                 "re-run `specdraft export` (it writes vLLM's top-level ids and SGLang's "
+                 "eagle_config ids, each in its engine's convention)")
+
+
+def check_vocab(s: Subject) -> Check:
+    """d2t / t2d present and consistent; EOS in the draft vocab; coverage of the training data."""
+    c = s.drafter.config
+    problems = check_vocab_map(s.drafter.state.get("d2t"), s.drafter.state.get("t2d"),
+                               c.draft_vocab_size, c.vocab_size)
+    detail = f"draft vocab {c.draft_vocab_size} of {c.vocab_size}"
+    t2d = s.drafter.state.get("t2d")
+    eos = s.tokenizer.eos_token_id
+    if t2d is not None and t2d.shape == (c.vocab_size,) and eos is not None and not bool(t2d[eos]):
+        problems.append(f"EOS {eos} is not in the draft vocab: the drafter can never propose "
+                        f"the end of an answer")
+    cov = coverage(s, t2d) if t2d is not None and not problems else None
+    if cov is not None:
+        detail += f", covers {cov:.1%} of the prepared completion tokens"
+        if cov < 0.9:
+            problems.append(f"draft vocab covers only {cov:.1%} of the training completions")
+    return Check("d2t/t2d present and sane, draft vocab coverage", not problems,
+                 "; ".join(problems) or detail,
+                 "re-run `specdraft vocab` (and train/export) so that d2t/t2d come from the "
+                 "same data; export writes both")
+
+
+def coverage(s: Subject, t2d: torch.Tensor) -> float | None:
+    """Share of loss-masked tokens of ``RUN/prepare/dataset`` (first 2000 rows) in the draft
+    vocab; None without a prepared dataset."""
+    if s.run_dir is None or not (s.run_dir / "prepare" / "dataset").exists():
+        return None
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(s.run_dir / "prepare" / "dataset"))
+    inside = total = 0
+    for row in ds.select(range(min(len(ds), 2000))):
+        ids = torch.tensor(row["input_ids"], dtype=torch.long)
+        mask = torch.tensor(row["loss_mask"], dtype=torch.bool)
+        inside += int(t2d[ids[mask]].sum())
+        total += int(mask.sum())
+    return inside / total if total else None
+
+
+def check_embed(s: Subject) -> Check:
+    """``embed_tokens.weight`` absent (shared) or bit-identical to the verifier's."""
+    own = s.drafter.state.get("embed_tokens.weight")
+    ref = s.verifier.get_input_embeddings().weight.detach().cpu()
+    if own is None:
+        return Check("embed_tokens equal to the verifier's", True,
+                     "absent: the engines use the verifier's embedding")
+    ok = own.shape == ref.shape and torch.equal(own, ref.to(own.dtype))
+    return Check("embed_tokens equal to the verifier's", ok,
+                 "bit-identical copy" if ok else "differs from the verifier's embedding "
+                 "(random init or another model)",
+                 "export with `--embed copy` (or `--embed omit`) from a drafter trained with the "
+                 "verifier's frozen embedding")
+
+
+def check_norm_before_residual(s: Subject) -> Check:
+    """Written explicitly: vLLM's llama_eagle3 path defaults it to false, its speculators reader
+    to true."""
+    raw = s.drafter.raw_config
+    ok = raw is None or "norm_before_residual" in raw
+    return Check("norm_before_residual explicit", ok,
+                 f"norm_before_residual={s.drafter.config.norm_before_residual}" if ok else
+                 "absent from config.json: each loader applies its own default",
+                 "re-run `specdraft export` (writes it explicitly)")
+
+
+def check_max_positions(s: Subject) -> Check:
+    mine, theirs = s.drafter.config.max_position_embeddings, s.vcfg.max_position_embeddings
+    return Check("max_position_embeddings >= the verifier's", mine >= theirs,
+                 f"drafter {mine}, verifier {theirs}",
+                 "set max_position_embeddings to the verifier's (train copies it with "
+                 "Eagle3Config.from_verifier) and re-export")
+
+
+def check_chat_template(s: Subject) -> Check:
+    """The template hash recorded by ``prepare`` equals the verifier tokenizer's current one."""
+    recorded = ((s.prepare or {}).get("template") or {}).get("sha256")
+    if recorded is None:
+        return Check("chat template unchanged since prepare", True,
+                     "no RUN/prepare/manifest.json: not applicable")
+    template = getattr(s.tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = template.get("default", "")
+    now = hashlib.sha256(template.encode("utf-8")).hexdigest()
+    return Check("chat template unchanged since prepare", now == recorded,
+                 f"prepare {recorded[:12]}, verifier {now[:12]}",
+                 "re-run `specdraft prepare` (and the stages after it) with the verifier's "
+                 "current template, or serve with the template used at prepare "
+                 "(--chat-template)")
+
+
+def check_think_tokens(s: Subject) -> Check:
+    """Think markers (from the prepare manifest, or in the chat template) are single tokens."""
+    think = (s.prepare or {}).get("think_tokens") or {}
+    markers = [m for m in (think.get("opener"), think.get("closer")) if m]
+    template = str(getattr(s.tokenizer, "chat_template", "") or "")
+    markers += [m for m in ("<think>", "</think>") if m in template and m not in markers]
+    if not markers:
+        return Check("think tokens are single tokens", True, "no think markers in use")
+    split = {m: s.tokenizer.encode(m, add_special_tokens=False) for m in markers}
+    bad = {m: ids for m, ids in split.items() if len(ids) != 1}
+    return Check("think tokens are single tokens", not bad,
+                 ", ".join(f"{m} -> {ids}" for m, ids in split.items()),
+                 "add the markers as special tokens of the verifier's tokenizer (as the model "
+                 "was trained), or drop them from the template; then re-run prepare")
+
+
+CHECKS: list[Callable[[Subject], Check]] = [
+    check_shapes, check_aux_ids, check_vocab, check_embed, check_norm_before_residual,
+    check_max_positions, check_chat_template, check_think_tokens]
