@@ -19,6 +19,14 @@ from specdraft.train.run import run
 HERE = Path(__file__).parent
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def cfg(run_dir, **kw) -> TrainConfig:
     values = dict(run_dir=run_dir, epochs=1000, ttt_steps=3, lr=3e-3, warmup_steps=10,
                   batch_tokens=36 * 4, val_fraction=0.2, eval_every=50, save_every=50,
@@ -116,14 +124,16 @@ def test_online_equals_offline(tmp_path, corpus, verifier, source):
 
 
 @pytest.mark.slow
-def test_two_process_gloo_ddp_equals_one_process(tmp_path):
-    """torchrun --nproc-per-node 2 (grad_accum 1) == 1 process (grad_accum 2): same weights."""
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_process_gloo_ddp_equals_one_process(tmp_path, parallel):
+    """torchrun --nproc-per-node 2 (grad_accum 1) == 1 process (grad_accum 2): same weights,
+    with DDP and with FSDP2 (fully_shard)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
     worker = str(HERE / "ddp_worker.py")
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, worker, str(one), "2"], check=True, env=env, timeout=600)
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    "--master-port", "29517", worker, str(two), "1"], check=True, env=env,
+                    "--master-port", str(free_port()), worker, str(two), "1", parallel], check=True, env=env,
                    timeout=600)
     w1, w2 = weights(one / "train" / "last"), weights(two / "train" / "last")
     for k in w1:

@@ -206,8 +206,14 @@ class Trainer:
         model_state, optim_state = full_states(self.model, self.optimizer)
         if not is_fsdp(self.model):
             return self.objective.drafter, optim_state
+        if not self.env.is_main:  # full FSDP states are materialised on rank 0 only
+            return None, optim_state
         drafter = Eagle3DraftModel(self.objective.drafter.config)
-        drafter.load_state_dict({k[len("drafter."):]: v for k, v in model_state.items()})
+        state = {k.removeprefix("drafter."): v for k, v in model_state.items()}
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise RuntimeError(f"FSDP full state: missing {missing}, unexpected {unexpected}; "
+                               f"got keys {sorted(model_state)[:4]}...")
         return drafter, optim_state
 
     def save(self) -> None:
