@@ -34,6 +34,13 @@ from specdraft.cli import eval as _eval  # noqa: E402
 app.command("eval")(_eval.command)
 from specdraft.cli import doctor as _doctor  # noqa: E402
 app.command("doctor")(_doctor.command)
+from specdraft.cli import run as _run  # noqa: E402
+app.command("run")(_run.command)
+
+
+@app.callback()
+def _root() -> None:
+    """Train EAGLE-3 draft models for speculative decoding, end to end."""
 
 
 def main() -> None:

@@ -61,9 +61,11 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     """One line per problem: ``--flag (field in SOURCE): message``."""
     lines = [f"invalid settings from {source}:"]
     for e in err.errors():
-        field = ".".join(str(x) for x in e["loc"]) or "(config)"
-        top = str(e["loc"][0]) if e["loc"] else field
-        lines.append(f"  {flag_name(top)} ({field}): {e['msg']}")
+        if not e["loc"]:
+            lines.append(f"  {e['msg']}")
+            continue
+        field = ".".join(str(x) for x in e["loc"])
+        lines.append(f"  {flag_name(str(e['loc'][0]))} ({field}): {e['msg']}")
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from specdraft.core.assets import resolve_path
 from specdraft.core.errors import InputError
 from specdraft.core.jsonl import iter_jsonl
 
@@ -31,6 +32,7 @@ def record_messages(record: dict[str, Any], where: str) -> list[dict[str, str]]:
 def load_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     """``[{"id", "messages"}]`` for the first ``limit`` records of ``path``."""
     out = []
+    path = resolve_path(path)
     for lineno, record in iter_jsonl(path):
         if limit is not None and len(out) >= limit:
             break

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from specdraft.core.atomic import atomic_write_json
+from specdraft.core.assets import resolve_path
 from specdraft.core.manifest import StageClock, file_sha256, input_hash, read_manifest, \
     write_manifest
 from specdraft.core.rundir import open_stage_dir, stage_dir
@@ -122,7 +123,7 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
 
 
 def _inputs(config: EvalConfig) -> dict[str, str]:
-    inputs = {"prompts": file_sha256(config.prompts)}
+    inputs = {"prompts": file_sha256(resolve_path(config.prompts))}
     if config.run_dir is not None and read_manifest(stage_dir(config.run_dir, "train")):
         inputs["train"] = input_hash(stage_dir(config.run_dir, "train"))
     return inputs

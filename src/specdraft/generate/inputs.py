@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from specdraft.core.assets import resolve_path
 from specdraft.core.errors import InputError
 from specdraft.core.jsonl import iter_jsonl
 
@@ -43,7 +44,7 @@ class Prompt:
 def iter_rows(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """Yield ``(location, row)`` from a ``.jsonl``, ``.json`` (a list of objects) or
     ``.parquet`` file. Raises :class:`InputError` naming the file (and line) when unreadable."""
-    path = Path(path)
+    path = resolve_path(path)
     if not path.exists():
         raise InputError(f"--prompts {path}: file not found")
     suffix = path.suffix.lower()

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from specdraft.core.atomic import atomic_open
 from specdraft.core.errors import ConfigError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
+from specdraft.core.assets import resolve_path
 from specdraft.core.manifest import StageClock, file_sha256, write_manifest
 from specdraft.core.rejects import Rejects
 from specdraft.core.rundir import open_stage_dir
@@ -200,7 +201,7 @@ def _finish(config: GenerateConfig, out: Path, clock: StageClock, prior: PriorSt
     extra = {"summary": summary, "torn_tail_bytes_cut": prior.torn_bytes, **facts,
              "reject_policy_on_resume": "error rejects retried; other reasons kept"}
     return write_manifest(out, stage=STAGE, config=config, clock=clock,
-                          inputs={"prompts": file_sha256(config.prompts)}, counts=counts,
+                          inputs={"prompts": file_sha256(resolve_path(config.prompts))}, counts=counts,
                           extra=extra)
 
 
