@@ -71,6 +71,8 @@ def command(
     require_reasoning: Optional[bool] = typer.Option(None, "--require-reasoning",
                                                      help="Reject turns without reasoning."),
     malformed_think: Optional[str] = typer.Option(None, help="reject (default) or keep."),
+    keep_truncated: Optional[bool] = typer.Option(None, "--keep-truncated",
+                                                  help="Keep answers cut by --max-tokens."),
     resume: Optional[bool] = typer.Option(None, "--resume", help="Continue a partial run."),
     overwrite: Optional[bool] = typer.Option(None, "--overwrite", help="Delete and restart."),
     flush_every: Optional[int] = typer.Option(None, help="Samples per fsynced write batch."),

@@ -124,6 +124,11 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
 
 def _inputs(config: EvalConfig) -> dict[str, str]:
     inputs = {"prompts": file_sha256(resolve_path(config.prompts))}
-    if config.run_dir is not None and read_manifest(stage_dir(config.run_dir, "train")):
-        inputs["train"] = input_hash(stage_dir(config.run_dir, "train"))
+    if config.run_dir is None:
+        return inputs
+    drafter = drafter_dir(config).resolve()
+    for upstream in ("train", "export"):
+        up = stage_dir(config.run_dir, upstream)
+        if read_manifest(up) and drafter.is_relative_to(up.resolve()):
+            inputs[upstream] = input_hash(up)
     return inputs

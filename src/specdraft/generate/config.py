@@ -62,6 +62,9 @@ class GenerateConfig(StageConfig):
     think_close: str = Field("</think>", min_length=1)
     require_reasoning: bool = False
     malformed_think: Literal["reject", "keep"] = "reject"
+    # finish_reason=length: reject (default), or keep the cut answer (prepare then supervises
+    # it without a stop token and marks the row truncated)
+    keep_truncated: bool = False
     # run control
     resume: bool = False
     overwrite: bool = Field(False, validate_default=True)

@@ -126,7 +126,7 @@ class Sink:
 def _checks(config: GenerateConfig) -> Checks:
     return Checks(open_tag=config.think_open, close_tag=config.think_close,
                   require_reasoning=config.require_reasoning,
-                  malformed_think=config.malformed_think)
+                  malformed_think=config.malformed_think, keep_truncated=config.keep_truncated)
 
 
 def _select(config: GenerateConfig, out: Path, prior: PriorState, sink: Sink

@@ -27,13 +27,14 @@ class Checks:
     close_tag: str = "</think>"
     require_reasoning: bool = False
     malformed_think: str = "reject"
+    keep_truncated: bool = False
 
 
 def verdict(split: Split, finish_reason: str | None, checks: Checks) -> tuple[str, str] | None:
     """``(reason, detail)`` when the turn must be rejected, else None. Order: truncated,
     malformed_think, empty_answer, empty_reasoning."""
-    if finish_reason == "length":
-        return "truncated", "finish_reason=length (raise --max-tokens)"
+    if finish_reason == "length" and not checks.keep_truncated:
+        return "truncated", "finish_reason=length (raise --max-tokens, or --keep-truncated)"
     if split.problem and checks.malformed_think == "reject":
         return "malformed_think", split.problem
     if not split.content.strip():

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from specdraft.core.errors import ConfigError
+from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.manifest import StageClock, file_sha256, input_hash, write_manifest
 from specdraft.core.rejects import Rejects
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
@@ -170,6 +170,7 @@ def run(config: PrepareConfig) -> dict[str, Any]:
             job.add_record(where, record)
             if n % 256 == 0:
                 job.rejects.flush()
+        _refuse_empty(job, source, out)
         job.writer.finish(out / "dataset")
     except BaseException:
         job.writer.abort()
@@ -182,6 +183,16 @@ def run(config: PrepareConfig) -> dict[str, Any]:
               "out": figures["tokenized"], "rejected": figures["rejected_by_reason"]}
     return write_manifest(out, stage=STAGE, config=config, clock=clock, inputs=inputs,
                           counts=counts, extra={**extra, "summary": figures})
+
+
+def _refuse_empty(job: _Job, source: Any, out: Path) -> None:
+    """An empty dataset is an error, not an artifact: say why every turn was rejected."""
+    if job.summary.figures(dict(job.rejects.counts))["tokenized"] > 0:
+        return
+    job.rejects.flush()
+    raise InputError(f"prepare: no row was produced from {source}; rejects by reason: "
+                     f"{dict(job.rejects.counts) or 'none (no input turns)'} "
+                     f"(details in {job.rejects.path})")
 
 
 def _facts(config: PrepareConfig, renderer: tpl.Renderer, template_source: str,

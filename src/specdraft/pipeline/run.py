@@ -1,0 +1,131 @@
+"""``specdraft run``: every stage in order, skipping the complete ones, loading the verifier once.
+
+A stage is *complete* when its manifest exists, its config hash equals the one the YAML gives
+now, and the upstream manifests it recorded as inputs are the current ones. A complete stage is
+skipped; a changed stage reruns from scratch (``overwrite``) along with everything after it; a
+stage interrupted by Ctrl-C or a crash (output present, no manifest, same config as when it
+started) is continued with ``resume``. The config hash each stage was started with is kept in
+``RUN/run/state.json``; the pipeline's own manifest and summary go to ``RUN/run/``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from specdraft.core.atomic import atomic_write_json
+from specdraft.core.config import StageConfig
+from specdraft.core.errors import ConfigError
+from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, read_manifest,
+                                     utc_now)
+from specdraft.core.rundir import stage_dir
+from specdraft.pipeline.config import PipelineConfig
+from specdraft.pipeline.stages import STAGE_NAMES, STAGES, StageSpec
+from specdraft.pipeline.summary import format_summary
+
+STATE_FILE = "state.json"
+
+
+def stage_state(run_dir: str, spec: StageSpec, config: StageConfig,
+                started: dict[str, str]) -> str:
+    """``"complete"``, ``"partial"`` (resumable), ``"stale"`` (must rerun) or ``"absent"``."""
+    path = stage_dir(run_dir, spec.name)
+    manifest = read_manifest(path)
+    if manifest is not None:
+        recorded = set(manifest.get("inputs", {}).values())
+        fresh = all(input_hash(stage_dir(run_dir, up)) in recorded for up in spec.upstream
+                    if (stage_dir(run_dir, up) / MANIFEST).exists())
+        same = manifest.get("config_hash") == config.config_hash()
+        return "complete" if same and fresh else "stale"
+    if path.exists() and any(path.iterdir()):
+        return "partial" if started.get(spec.name) == config.config_hash() else "stale"
+    return "absent"
+
+
+class SharedVerifier:
+    """Loads the verifier (model and tokenizer) on first use, once for the whole pipeline."""
+
+    def __init__(self, path: str, device: str) -> None:
+        self.path, self.device = path, device
+        self._loaded: tuple[Any, Any] | None = None
+
+    def get(self) -> tuple[Any, Any]:
+        if self._loaded is None:
+            from specdraft.core.verifier import load_tokenizer, load_verifier
+
+            self._loaded = (load_verifier(self.path, device=self.device),
+                            load_tokenizer(self.path))
+        return self._loaded
+
+
+def _select(from_stage: str | None, until: str | None) -> list[StageSpec]:
+    for flag, name in (("--from", from_stage), ("--until", until)):
+        if name is not None and name not in STAGE_NAMES:
+            raise ConfigError(f"{flag} {name}: not a stage; stages are {list(STAGE_NAMES)}")
+    lo = STAGE_NAMES.index(from_stage) if from_stage else 0
+    hi = STAGE_NAMES.index(until) if until else len(STAGES) - 1
+    if lo > hi:
+        raise ConfigError(f"--from {from_stage} comes after --until {until}")
+    return list(STAGES[lo: hi + 1])
+
+
+def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | None = None,
+        stream: TextIO | None = None) -> dict[str, Any]:
+    """Run the selected stages in order; return the pipeline manifest (with per-stage actions).
+
+    ``from_stage`` forces that stage (and so everything after it) to rerun. Raises whatever a
+    stage raises; a ``KeyboardInterrupt`` leaves every stage resumable.
+    """
+    stream = stream or sys.stderr
+    clock = StageClock()
+    run_dir = config.run_dir
+    state_path = stage_dir(run_dir, "run") / STATE_FILE
+    started = json.loads(state_path.read_text()) if state_path.exists() else {}
+    verifier = SharedVerifier(config.verifier, config.device)
+    actions: dict[str, str] = {}
+    upstream_ran = False
+    for spec in _select(from_stage, until):
+        cfg = config.stages[spec.name]
+        state = stage_state(run_dir, spec, cfg, started)
+        if state == "complete" and not upstream_ran and spec.name != from_stage:
+            actions[spec.name] = "skipped (complete)"
+            print(f"[run] {spec.name}: complete, skipped", file=stream)
+            continue
+        resume = state == "partial" and not upstream_ran
+        action = "resumed" if resume else "ran"
+        print(f"[run] {spec.name}: {'resuming' if resume else 'running'} ({state})", file=stream)
+        started[spec.name] = cfg.config_hash()
+        atomic_write_json(state_path, started)
+        _run_stage(spec, cfg, resume=resume, verifier=verifier)
+        actions[spec.name] = action
+        upstream_ran = True
+    return _finish(config, actions, clock, stream)
+
+
+def _run_stage(spec: StageSpec, cfg: StageConfig, *, resume: bool,
+               verifier: SharedVerifier) -> dict[str, Any]:
+    control = {"resume": resume, "overwrite": not resume}
+    cfg = cfg.model_copy(update={k: v for k, v in control.items() if k in type(cfg).model_fields})
+    kwargs = {}
+    if spec.uses_verifier(cfg):
+        model, tokenizer = verifier.get()
+        kwargs["verifier"] = (model, tokenizer) if spec.verifier_arg == "pair" else model
+    return spec.load_entry()(cfg, **kwargs)
+
+
+def _finish(config: PipelineConfig, actions: dict[str, str], clock: StageClock,
+            stream: TextIO) -> dict[str, Any]:
+    manifests = {name: read_manifest(stage_dir(config.run_dir, name)) for name in STAGE_NAMES}
+    summary = format_summary(config, manifests)
+    print(summary, file=stream)
+    out = stage_dir(config.run_dir, "run")
+    (out / "summary.txt").write_text(summary + "\n")
+    manifest = {"stage": "run", "config_file": config.source, "run_dir": config.run_dir,
+                "actions": actions, "argv": list(sys.argv), "started_at": clock.started_at,
+                "finished_at": utc_now(), "elapsed_s": clock.elapsed_s(),
+                "stage_elapsed_s": {n: (m or {}).get("elapsed_s") for n, m in manifests.items()},
+                "stage_configs": {n: c.to_dict() for n, c in config.stages.items()}}
+    atomic_write_json(Path(out) / MANIFEST, manifest)
+    return manifest

@@ -1,0 +1,61 @@
+"""The pipeline's stage table: one explicit row per stage, in order (no import-time magic).
+
+Each row names the stage's config class and entry function (imported only when the stage
+runs), the stages whose outputs it reads, and whether it runs the verifier in-process (so that
+``specdraft run`` loads the verifier once and hands it to every stage that needs it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One pipeline stage.
+
+    ``config_cls`` and ``entry`` are ``"module:attribute"`` strings; ``upstream`` lists the
+    stages whose manifests are this stage's inputs; ``uses_verifier(config)`` says whether the
+    stage runs the verifier in-process with that config; ``verifier_arg`` is what its entry's
+    ``verifier=`` takes: ``"model"`` (the HF model) or ``"pair"`` (``(model, tokenizer)``).
+    """
+
+    name: str
+    config_cls: str
+    entry: str
+    upstream: tuple[str, ...]
+    uses_verifier: Callable[[Any], bool]
+    verifier_arg: str = "model"
+
+    def load_config_cls(self) -> type:
+        return _resolve(self.config_cls)
+
+    def load_entry(self) -> Callable[..., dict[str, Any]]:
+        return _resolve(self.entry)
+
+
+def _resolve(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+STAGES: tuple[StageSpec, ...] = (
+    StageSpec("generate", "specdraft.generate.config:GenerateConfig",
+              "specdraft.generate.run:run", (), lambda c: c.backend == "local", "pair"),
+    StageSpec("prepare", "specdraft.prepare.config:PrepareConfig",
+              "specdraft.prepare.run:run", ("generate",), lambda c: False),
+    StageSpec("vocab", "specdraft.vocab.config:VocabConfig",
+              "specdraft.vocab.run:run", ("prepare",), lambda c: False),
+    StageSpec("extract", "specdraft.extract.config:ExtractConfig",
+              "specdraft.extract.run:run", ("prepare",), lambda c: True),
+    StageSpec("train", "specdraft.train.config:TrainConfig",
+              "specdraft.train.run:run", ("extract", "vocab"), lambda c: bool(c.online)),
+    StageSpec("export", "specdraft.export.config:ExportConfig",
+              "specdraft.export.run:run", ("train",), lambda c: False),
+    StageSpec("eval", "specdraft.eval.config:EvalConfig",
+              "specdraft.eval.run:run", ("export",), lambda c: True),
+)
+
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
