@@ -38,7 +38,8 @@ def recover(out_dir: Path, rank: int, shard_plan: Sequence[Sequence[int]], codec
             ) -> set[int]:
     """Keep the complete shards of ``rank`` from an earlier run; return their shard numbers.
 
-    Rewrites the index part with only their entries and deletes this rank's other shard files.
+    Rewrites the index part with only their entries and deletes this rank's other shard files
+    and temp files (never another rank's: the ranks recover concurrently).
     """
     part = part_path(out_dir, rank)
     repair_torn_tail(part)
@@ -54,9 +55,9 @@ def recover(out_dir: Path, rank: int, shard_plan: Sequence[Sequence[int]], codec
             done.add(s)
             kept.extend(entries)
     atomic_write_text(part, "".join(json.dumps(e) + "\n" for e in kept))
-    for f in (out_dir / "shards").glob(f"rank{rank:05d}-*.safetensors"):
-        if int(f.name.split("-")[1].split(".")[0]) not in done:
-            f.unlink()
+    for f in (out_dir / "shards").glob(f"rank{rank:05d}-*.safetensors*"):
+        if ".tmp-" in f.name or int(f.name.split("-")[1].split(".")[0]) not in done:
+            f.unlink()  # an orphan of a killed run, or a half-written temp file
     return done
 
 
