@@ -70,3 +70,11 @@ def make_tiny_verifier(out: Path, tokenizer_dir: Path, *, layers: int = 4, hidde
 def tiny_verifier_dir(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
     """A 4-layer, hidden-64 random Llama with the SmolLM2 tokenizer and chat template."""
     return make_tiny_verifier(tmp_path_factory.mktemp("tiny_verifier"), smollm2_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def verifier8(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
+    """An 8-layer random Llama: its default aux ids [2, 4, 5] are distinct and both engines can
+    express them (the pipeline's defaults work unchanged)."""
+    return make_tiny_verifier(tmp_path_factory.mktemp("verifier8"), smollm2_tokenizer_dir,
+                              layers=8)

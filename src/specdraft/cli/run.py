@@ -9,7 +9,8 @@ import typer
 
 def command(
     config: Optional[str] = typer.Argument(None, help="Pipeline YAML (see --dump-config)."),
-    from_stage: Optional[str] = typer.Option(None, "--from", help="Rerun from this stage on."),
+    from_stage: Optional[str] = typer.Option(None, "--from", help="Start at this stage "
+                                             "(earlier ones are left as they are)."),
     until: Optional[str] = typer.Option(None, help="Stop after this stage."),
     run_dir: Optional[str] = typer.Option(None, help="Override the YAML's run_dir."),
     dump_config: bool = typer.Option(False, "--dump-config",

@@ -63,7 +63,8 @@ def _eval_the_export(sections: dict[str, dict[str, Any]], run_dir: str) -> None:
     """Unless told otherwise, ``eval`` measures the exported drafter: the artifact deployed."""
     export = sections["export"]
     out = export.get("out") or str(Path(run_dir) / "export" / export.get("format", "sglang"))
-    sections["eval"].setdefault("drafter", out)
+    if not sections["eval"].get("drafter"):
+        sections["eval"]["drafter"] = out
 
 
 def _stage_config(spec: Any, section: dict[str, Any], shared: dict[str, Any],

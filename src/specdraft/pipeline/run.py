@@ -75,8 +75,11 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
         stream: TextIO | None = None) -> dict[str, Any]:
     """Run the selected stages in order; return the pipeline manifest (with per-stage actions).
 
-    ``from_stage`` forces that stage (and so everything after it) to rerun. Raises whatever a
-    stage raises; a ``KeyboardInterrupt`` leaves every stage resumable.
+    ``from_stage``/``until`` bound the stages considered; stages before ``from_stage`` are
+    neither run nor checked (e.g. ``--from prepare`` with ``prepare.data`` set needs no
+    generation). Inside the bounds the usual rules apply: skip complete, resume partial, rerun
+    changed. Raises whatever a stage raises; a ``KeyboardInterrupt`` leaves every stage
+    resumable.
     """
     stream = stream or sys.stderr
     clock = StageClock()
@@ -89,7 +92,7 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
     for spec in _select(from_stage, until):
         cfg = config.stages[spec.name]
         state = stage_state(run_dir, spec, cfg, started)
-        if state == "complete" and not upstream_ran and spec.name != from_stage:
+        if state == "complete" and not upstream_ran:
             actions[spec.name] = "skipped (complete)"
             print(f"[run] {spec.name}: complete, skipped", file=stream)
             continue

@@ -1,0 +1,139 @@
+"""`specdraft run`: skipping complete stages, rerunning what changed, resuming an interrupted
+extraction (kill -9) to the same artifacts as an uninterrupted run, and the summary."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specdraft.pipeline.config import PipelineConfig
+from specdraft.pipeline.run import run
+
+RAN = {"ran"}
+
+
+def write_config(path: Path, run_dir: Path, verifier: Path, **overrides) -> Path:
+    cfg = {
+        "run_dir": str(run_dir), "verifier": str(verifier),
+        "generate": {"prompts": "builtin:demo_train", "limit": 6, "max_tokens": 10,
+                     "batch_size": 6, "keep_truncated": True},
+        "prepare": {"max_seq_len": 128},
+        "vocab": {"draft_vocab_size": 256},
+        "extract": {},
+        "train": {"max_steps": 3, "ttt_steps": 2, "warmup_steps": 1, "val_fraction": 0.34,
+                  "eval_every": 2, "save_every": 2, "batch_tokens": 512},
+        "export": {"format": "sglang"},
+        "eval": {"prompts": "builtin:demo_eval", "limit": 1, "max_new_tokens": 6, "k": 2},
+    }
+    for section, values in overrides.items():
+        cfg[section] = {**cfg.get(section, {}), **values} if isinstance(values, dict) else values
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_skip_then_rerun_only_changed_stages(tmp_path, verifier8):
+    run_dir = tmp_path / "run"
+    cfg = write_config(tmp_path / "a.yaml", run_dir, verifier8)
+    first = run(PipelineConfig.from_yaml(cfg))
+    assert set(first["actions"].values()) == RAN and len(first["actions"]) == 7
+    for stage in first["actions"]:
+        assert (run_dir / stage / "manifest.json").exists(), stage
+    assert (run_dir / "export" / "sglang" / "model.safetensors").exists()
+    eval_before = json.loads((run_dir / "eval" / "manifest.json").read_text())
+    assert eval_before["tau"] >= 1.0
+
+    second = run(PipelineConfig.from_yaml(cfg))
+    assert set(second["actions"].values()) == {"skipped (complete)"}
+    assert json.loads((run_dir / "eval" / "manifest.json").read_text()) == eval_before
+
+    cfg_b = write_config(tmp_path / "b.yaml", run_dir, verifier8, train={"lr": 3e-4})
+    third = run(PipelineConfig.from_yaml(cfg_b))
+    assert third["actions"] == {
+        "generate": "skipped (complete)", "prepare": "skipped (complete)",
+        "vocab": "skipped (complete)", "extract": "skipped (complete)",
+        "train": "ran", "export": "ran", "eval": "ran"}
+    summary = (run_dir / "run" / "summary.txt").read_text()
+    assert "tau" in summary and "--speculative-algorithm EAGLE3" in summary
+
+
+def _digest(extract_dir: Path) -> dict[str, str]:
+    files = [extract_dir / "index.jsonl", *sorted((extract_dir / "shards").iterdir())]
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def _conversations(path: Path, n: int) -> Path:
+    """n two-message conversations of varied length (the `--data` input of prepare)."""
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    with open(path, "w") as f:
+        for i in range(n):
+            answer = " ".join(words[(i + j) % len(words)] for j in range(20 + (7 * i) % 60))
+            f.write(json.dumps({"id": f"c{i}", "messages": [
+                {"role": "user", "content": f"Say words, round {i}."},
+                {"role": "assistant", "content": answer}]}) + "\n")
+    return path
+
+
+@pytest.mark.timeout(600)
+def test_interrupted_extraction_resumes_to_identical_artifacts(tmp_path, verifier8):
+    data = _conversations(tmp_path / "conv.jsonl", 300)
+    extra = {"prepare": {"data": str(data), "max_seq_len": 256},
+             "extract": {"shard_mb": 0.05, "batch_tokens": 256}}
+    killed = tmp_path / "killed"
+    cfg = write_config(tmp_path / "k.yaml", killed, verifier8, **extra)
+    cli = [sys.executable, "-m", "specdraft.cli", "run", str(cfg), "--from", "prepare",
+           "--until", "extract"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shards = killed / "extract" / "shards"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if shards.exists() and len(list(shards.glob("*.safetensors"))) >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "extract" / "manifest.json").exists()
+
+    resumed = run(PipelineConfig.from_yaml(cfg), from_stage="prepare", until="extract")
+    assert resumed["actions"] == {"prepare": "skipped (complete)",
+                                  "vocab": "skipped (complete)", "extract": "resumed"}
+    clean_cfg = write_config(tmp_path / "c.yaml", tmp_path / "clean", verifier8, **extra)
+    run(PipelineConfig.from_yaml(clean_cfg), from_stage="prepare", until="extract")
+    assert _digest(killed / "extract") == _digest(tmp_path / "clean" / "extract")
+
+
+def test_config_errors_name_section_and_flag(tmp_path, verifier8):
+    from specdraft.core.errors import ConfigError
+
+    cfg = write_config(tmp_path / "bad.yaml", tmp_path / "r", verifier8,
+                       train={"ttt_steps": 0})
+    with pytest.raises(ConfigError, match=r"(?s)\[train\].*--ttt-steps"):
+        PipelineConfig.from_yaml(cfg)
+    cfg = write_config(tmp_path / "bad2.yaml", tmp_path / "r", verifier8,
+                       trian={"lr": 1})
+    with pytest.raises(ConfigError, match="unknown key.*trian"):
+        PipelineConfig.from_yaml(cfg)
+
+
+def test_dump_config_is_a_valid_pipeline_config(tmp_path):
+    from specdraft.pipeline.dump import dump_default_config
+
+    text = dump_default_config()
+    data = yaml.safe_load(text)
+    data["generate"]["prompts"] = "builtin:demo_train"
+    data["eval"]["prompts"] = "builtin:demo_eval"
+    path = tmp_path / "dumped.yaml"
+    path.write_text(yaml.safe_dump(data))
+    config = PipelineConfig.from_yaml(path)
+    assert config.stages["train"].ttt_steps == 7 and config.stages["vocab"].draft_vocab_size == 32000
+    assert str(config.stages["eval"].drafter).endswith("export/sglang")
