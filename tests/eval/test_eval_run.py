@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdraft.generate.inputs import sample_id
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 from export_kit import make_drafter, make_run  # noqa: E402
 from specdraft.eval.config import EvalConfig  # noqa: E402
@@ -75,5 +77,7 @@ def test_eval_drafter_dir_without_run_writes_to_out(tmp_path, six_layer_verifier
                    verifier=str(six_layer_verifier_dir), k=2, max_new_tokens=4,
                    temperature=0.8), verifier=six_layer_verifier)
     res = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert [p["id"] for p in res["prompts"]] == ["line1", "line2"]
+    # rows without an id get generate's stable id: a hash of the conversation
+    assert [p["id"] for p in res["prompts"]] == [sample_id(None, ["What is 2+2?"], {}, {}),
+                                                 sample_id(None, ["Hi"], {}, {})]
     assert res["temperature"] == 0.8

@@ -1,43 +1,29 @@
-"""Eval prompt files: JSONL with ``question`` (GSM8K), ``turns`` (MT-bench; first turn),
-``prompt`` (plain text) or ``messages`` (a chat; messages up to the last user turn)."""
+"""Eval prompts: any prompt file that ``specdraft generate`` reads (JSONL / JSON / Parquet with
+``question``, ``turns``, ``prompt``, ``messages`` or ``conversations``; parsed by
+:func:`specdraft.generate.inputs.parse_row`), evaluated on its first user turn (MT-bench: turn 1)
+with the row's system prompt."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
-from specdraft.core.assets import resolve_path
 from specdraft.core.errors import InputError
-from specdraft.core.jsonl import iter_jsonl
-
-
-def record_messages(record: dict[str, Any], where: str) -> list[dict[str, str]]:
-    """Chat messages of one record; raises :class:`InputError` naming ``where`` (file:line)."""
-    if isinstance(record.get("messages"), list) and record["messages"]:
-        msgs = list(record["messages"])
-        last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
-        if last_user < 0:
-            raise InputError(f"{where}: messages have no user turn")
-        return [{"role": m["role"], "content": m.get("content") or ""}
-                for m in msgs[: last_user + 1]]
-    for key in ("question", "prompt"):
-        if isinstance(record.get(key), str) and record[key].strip():
-            return [{"role": "user", "content": record[key]}]
-    turns = record.get("turns")
-    if isinstance(turns, list) and turns and isinstance(turns[0], str):
-        return [{"role": "user", "content": turns[0]}]
-    raise InputError(f"{where}: no prompt field (expected question, turns, prompt or messages)")
+from specdraft.generate.config import DEFAULT_FIELDS
+from specdraft.generate.inputs import iter_rows, parse_row
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """``[{"id", "messages"}]`` for the first ``limit`` records of ``path``."""
+    """``[{"id", "messages"}]`` for the first ``limit`` rows of ``path`` (``builtin:NAME`` works).
+
+    Raises :class:`InputError` naming the file and line of a bad row, or when there is none.
+    """
     out = []
-    path = resolve_path(path)
-    for lineno, record in iter_jsonl(path):
-        if limit is not None and len(out) >= limit:
-            break
-        pid = record.get("id", record.get("question_id", f"line{lineno}"))
-        out.append({"id": str(pid), "messages": record_messages(record, f"{path}:{lineno}")})
+    for where, row in itertools.islice(iter_rows(path), limit):
+        p = parse_row(row, where, fields=DEFAULT_FIELDS, sampling={}, chat_template_kwargs={})
+        system = [{"role": "system", "content": p.system}] if p.system is not None else []
+        out.append({"id": p.id, "messages": system + [{"role": "user", "content": p.turns[0]}]})
     if not out:
         raise InputError(f"{path}: no prompts")
     return out
