@@ -34,6 +34,7 @@ Acceptance (:func:`verify_step`):
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -125,8 +126,13 @@ class VerifierSession:
 
         aux = concat of HF ``hidden_states[i]`` for the drafter's aux ids (the convention of
         ``specdraft.extract``)."""
-        out = self.model(input_ids=ids[None].to(self.device), past_key_values=self.cache,
-                         use_cache=True, output_hidden_states=True)
+        with warnings.catch_warnings():
+            # transformers 5.x warns that `past_key_values` will be renamed `cache`, yet (5.19)
+            # ignores `cache=`: keep the name that works, without the noise.
+            warnings.filterwarnings("ignore", "`past_key_values` is deprecated",
+                                    FutureWarning)
+            out = self.model(input_ids=ids[None].to(self.device), past_key_values=self.cache,
+                             use_cache=True, output_hidden_states=True)
         aux = torch.cat([out.hidden_states[i][0] for i in self.aux_ids], dim=-1)  # [m, n_aux*H]
         return out.logits[0].float().cpu(), aux.float().cpu()
 
