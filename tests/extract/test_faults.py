@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from killing import kill9_when
 import torch
 
 from specdraft.extract.source import DiskSource
@@ -44,17 +43,9 @@ def make_run(tmp_path: Path, name: str, n: int) -> Path:
 @pytest.mark.timeout(300)
 def test_resume_after_kill_equals_uninterrupted(tmp_path, tiny_verifier_dir):
     killed = make_run(tmp_path, "killed", 300)
-    proc = subprocess.Popen(CLI + flags(killed, tiny_verifier_dir), env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     shards = killed / "extract" / "shards"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if shards.exists() and len(list(shards.glob("*.safetensors"))) >= 3:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "extract finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill9_when(CLI + flags(killed, tiny_verifier_dir), env=env(), timeout_s=120,
+               ready=lambda: shards.exists() and len(list(shards.glob("*.safetensors"))) >= 3)
     assert not (killed / "extract" / "manifest.json").exists()
     refused = subprocess.run(CLI + flags(killed, tiny_verifier_dir), env=env(),
                              capture_output=True, text=True)

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from killing import kill9_when
 import yaml
 
 from specdraft.pipeline.config import PipelineConfig
@@ -91,17 +88,8 @@ def test_interrupted_extraction_resumes_to_identical_artifacts(tmp_path, verifie
     cfg = write_config(tmp_path / "k.yaml", killed, verifier8, **extra)
     cli = [sys.executable, "-m", "specdraft.cli", "run", str(cfg), "--from", "prepare",
            "--until", "extract"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cli, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     shards = killed / "extract" / "shards"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if shards.exists() and len(list(shards.glob("*.safetensors"))) >= 2:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be interrupted"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill9_when(cli, lambda: shards.exists() and len(list(shards.glob("*.safetensors"))) >= 2)
     assert not (killed / "extract" / "manifest.json").exists()
 
     resumed = run(PipelineConfig.from_yaml(cfg), from_stage="prepare", until="extract")

@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
+from killing import kill9_when
 import torch
 from safetensors.torch import load_file
 
@@ -36,18 +35,9 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path, verifier8):
     shutil.copytree(killed, clean)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    proc = subprocess.Popen(train_cmd(killed), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
     ckpts = killed / "train" / "checkpoints"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if ckpts.exists() and any(p.name.startswith("step-") and ".tmp" not in p.name
-                                  for p in ckpts.iterdir()):
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "training finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill9_when(train_cmd(killed), env=env, ready=lambda: ckpts.exists() and any(
+        p.name.startswith("step-") and ".tmp" not in p.name for p in ckpts.iterdir()))
     assert not (killed / "train" / "manifest.json").exists()
 
     subprocess.run(train_cmd(killed, "--resume"), env=env, check=True, capture_output=True)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from specdraft.export.formats import (FORMAT_SPECS, sglang_capture_hf_ids, vllm_capture_hf_ids)
+from specdraft.export.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
 from specdraft.export.reader import DrafterOnDisk
 from specdraft.export.validate import check_vocab_map
 

@@ -28,7 +28,7 @@ Model files never import ``torch.distributed``; parallelism is applied from outs
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import torch

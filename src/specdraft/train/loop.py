@@ -28,7 +28,7 @@ from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import TrainConfig
 from specdraft.train.data import Collator, MicroBatch, plan_epoch, plan_eval, rank_micro_batches
 from specdraft.train.distributed import (DistEnv, all_reduce_sum, barrier, full_states, is_fsdp,
-                                         load_full_states, unwrap)
+                                         load_full_states)
 from specdraft.train.metrics import hit_counts, summarize
 from specdraft.train.objective import TTTObjective
 
