@@ -6,6 +6,7 @@ Each stage's line is built from its manifest by one small function in :data:`FIG
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -94,5 +95,6 @@ def format_summary(config: Any, manifests: dict[str, dict[str, Any] | None]) -> 
     if export is not None:
         lines.append("Serve the drafter (verifier: its HF id or directory, "
                      "not the GGUF):")
-        lines += [f"  {c}" for c in serve_commands(str(export.get("out")), "<verifier>")]
+        out = str(Path(export.get("out", "")).resolve())
+        lines += [f"  {c}" for c in serve_commands(out, "<verifier>")]
     return "\n".join(lines)
