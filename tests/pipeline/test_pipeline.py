@@ -60,6 +60,9 @@ def test_skip_then_rerun_only_changed_stages(tmp_path, verifier8):
         "train": "ran", "export": "ran", "eval": "ran"}
     summary = (run_dir / "run" / "summary.txt").read_text()
     assert "tau" in summary and "--speculative-algorithm EAGLE3" in summary
+    export_dir = (run_dir / "export" / "sglang").resolve()
+    assert (f'"model": "{export_dir}", "num_speculative_tokens": 2' in summary
+            and f"--model-path {verifier8} " in summary)
 
 
 def _digest(extract_dir: Path) -> dict[str, str]:

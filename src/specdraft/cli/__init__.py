@@ -14,6 +14,7 @@ import typer
 from specdraft.core.errors import SpecdraftError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="Train EAGLE-3 draft models for speculative decoding, end to end.")
 
 # Implemented verbs, in pipeline order: import the verb module, register its `command`.

@@ -11,7 +11,8 @@ from specdraft.core.config import StageConfig
 
 
 class EvalConfig(StageConfig):
-    """Frozen settings of the eval stage; validated on construction.
+    """Settings of the eval stage: the prompts, draft length k, temperature and length limits
+    of offline speculative decoding (or a live server to read metrics from).
 
     The drafter is ``drafter`` (a specdraft drafter directory or an exported one) or, with only
     ``run_dir``, ``RUN/train/best``. Results go to ``RUN/eval/`` or, without a run dir, ``out``.

@@ -11,7 +11,8 @@ from specdraft.core.config import StageConfig
 
 
 class ExportConfig(StageConfig):
-    """Frozen settings of the export stage; validated on construction.
+    """Settings of the export stage: the engine format, the output directory and whether the
+    verifier's embedding is copied into the checkpoint.
 
     The trained drafter is ``drafter`` (a specdraft drafter directory) or ``RUN/train/best``.
     ``out`` defaults to ``RUN/export/<format>``. ``embed``: ``copy`` writes the verifier's

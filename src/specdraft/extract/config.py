@@ -11,7 +11,8 @@ from specdraft.core.config import StageConfig
 
 
 class ExtractConfig(StageConfig):
-    """Frozen settings of the extract stage; validated on construction.
+    """Settings of the extract stage: which aux hidden states to capture, batch token budget,
+    storage format and shard size, and how many rows to re-verify.
 
     ``aux_layers`` accepts a list or a comma-separated string (``"2,15,27"``); None means the
     default ``[2, N//2, N-3]`` of an N-layer verifier. ``shard_mb`` bounds the uncompressed size

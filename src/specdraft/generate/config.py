@@ -21,7 +21,8 @@ DEFAULT_FIELDS: dict[str, str] = {
 
 
 class GenerateConfig(StageConfig):
-    """Frozen settings of the generate stage; validated on construction.
+    """Settings of the generate stage: the prompt file, the backend (the verifier in-process, or
+    OpenAI-compatible servers), sampling, chat-template arguments and reasoning checks.
 
     ``backend="local"`` runs the verifier in-process (``verifier``, ``device``, ``dtype``,
     ``batch_size``); ``backend="openai"`` sends ``/v1/chat/completions`` requests to

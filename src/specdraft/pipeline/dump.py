@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 import yaml
@@ -38,17 +39,28 @@ def _yaml_value(value: Any) -> str:
         "\n...").removesuffix("...").strip()
 
 
+#: Values that make the dumped file run as it is (required fields, the shipped demo prompts).
+EXAMPLES = {("generate", "prompts"): "builtin:demo_train", ("eval", "prompts"): "builtin:demo_eval"}
+
+
+def _about(cls: type) -> list[str]:
+    """The first paragraph of a config class docstring, as comment lines."""
+    para = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+    return ["# " + line for line in textwrap.wrap(para, 94)]
+
+
 def dump_default_config() -> str:
     """The text of a complete, commented default config (every field with its default)."""
     parts = [_HEADER]
     for spec in STAGES:
         cls = spec.load_config_cls()
-        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        parts.append(f"\n# --- {spec.name}: {doc}\n{spec.name}:")
+        parts += ["", f"# --- {spec.name} (`specdraft {spec.name} --help`)", *_about(cls),
+                  f"{spec.name}:"]
         for name, field in cls.model_fields.items():
             if name in SHARED_KEYS or name in ("resume", "overwrite"):
                 continue
-            value = _yaml_value(_default(field))
+            example = EXAMPLES.get((spec.name, name))
+            value = _yaml_value(example if example is not None else _default(field))
             note = "  # required" if field.is_required() else ""
             parts.append(f"  {name}: {value}{note}")
     return "\n".join(parts) + "\n"

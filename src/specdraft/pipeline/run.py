@@ -23,7 +23,7 @@ from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, read_mani
 from specdraft.core.rundir import stage_dir
 from specdraft.pipeline.config import PipelineConfig
 from specdraft.pipeline.stages import STAGE_NAMES, STAGES, StageSpec
-from specdraft.pipeline.summary import format_summary
+from specdraft.pipeline.summary import FIGURES, format_summary
 
 STATE_FILE = "state.json"
 
@@ -101,7 +101,9 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
         print(f"[run] {spec.name}: {'resuming' if resume else 'running'} ({state})", file=stream)
         started[spec.name] = cfg.config_hash()
         atomic_write_json(state_path, started)
-        _run_stage(spec, cfg, resume=resume, verifier=verifier)
+        manifest = _run_stage(spec, cfg, resume=resume, verifier=verifier)
+        print(f"[run] {spec.name}: done in {manifest.get('elapsed_s', 0):.0f}s — "
+              f"{FIGURES[spec.name](manifest)}", file=stream)
         actions[spec.name] = action
         upstream_ran = True
     return _finish(config, actions, clock, stream)

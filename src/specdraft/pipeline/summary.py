@@ -49,7 +49,8 @@ def _extract(m: dict[str, Any]) -> str:
 def _train(m: dict[str, Any]) -> str:
     best = m.get("best_val") or {}
     return (f"{m.get('steps', 0)} steps, best validation tau-hat {best.get('tau', 0):.3f} "
-            f"(step {m.get('best_step')}), step acc {_rates(best.get('acc', []))}, "
+            f"(step {m.get('best_step')}), conditional acc per step "
+            f"{_rates(best.get('cond_acc', []))}, "
             f"{m.get('tokens_per_s', 0):.0f} tokens/s")
 
 
@@ -67,6 +68,10 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "generate": _generate, "prepare": _prepare, "vocab": _vocab, "extract": _extract,
     "train": _train, "export": _export, "eval": _eval,
 }
+
+
+#: HF ids of the verifiers specdraft ships as GGUF (the engines serve the HF checkpoint).
+KNOWN_HF_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
 def serve_commands(export_dir: str, verifier: str, k: int = 3) -> list[str]:
@@ -93,8 +98,11 @@ def format_summary(config: Any, manifests: dict[str, dict[str, Any] | None]) -> 
                      f"{FIGURES[name](manifest)}")
     export = manifests.get("export")
     if export is not None:
-        lines.append("Serve the drafter (verifier: its HF id or directory, "
-                     "not the GGUF):")
+        verifier = KNOWN_HF_IDS.get(config.verifier, config.verifier)
+        if verifier.endswith(".gguf"):
+            verifier = "<the verifier's HF id or directory>"
+        k = getattr(config.stages.get("eval"), "k", 3)
+        lines.append(f"Serve the drafter ({k} draft tokens per step, as evaluated):")
         out = str(Path(export.get("out", "")).resolve())
-        lines += [f"  {c}" for c in serve_commands(out, "<verifier>")]
+        lines += [f"  {c}" for c in serve_commands(out, verifier, k)]
     return "\n".join(lines)

@@ -18,7 +18,8 @@ def _split_tokens(value: Any) -> Any:
 
 
 class PrepareConfig(StageConfig):
-    """Settings of the prepare stage.
+    """Settings of the prepare stage: the tokenizer and chat template, which turns are
+    supervised, think and stop tokens, and the sequence length limit.
 
     - ``verifier``: HF model directory, ``.gguf`` file or ``"smollm2"``; its tokenizer and chat
       template are used, and its vocabulary size is recorded for ``specdraft vocab``.

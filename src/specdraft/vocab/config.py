@@ -8,7 +8,8 @@ from specdraft.core.config import StageConfig
 
 
 class VocabConfig(StageConfig):
-    """Settings of the vocab stage.
+    """Settings of the vocab stage: the draft vocabulary size K and which tokens are always
+    kept.
 
     - ``draft_vocab_size``: K, the draft model's output vocabulary (EAGLE-3 used 32,000).
       K >= the verifier's vocabulary gives the full vocabulary.
