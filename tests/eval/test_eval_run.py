@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from greedy import greedy_reference
 
 from specdraft.generate.inputs import sample_id
 
@@ -17,14 +18,6 @@ from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate  # no
 from specdraft.models.io import save_drafter  # noqa: E402
 
 PROMPT = [1, 504, 3458, 314, 253, 1345, 30]
-
-
-def greedy_reference(model, prompt, n):
-    ids = torch.tensor(prompt)
-    with torch.inference_mode():
-        for _ in range(n):
-            ids = torch.cat([ids, model(input_ids=ids[None]).logits[0, -1].argmax().view(1)])
-    return ids[len(prompt):].tolist()
 
 
 def test_greedy_speculative_decoding_is_lossless_with_a_real_drafter(six_layer_verifier):

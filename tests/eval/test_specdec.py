@@ -1,6 +1,7 @@
 """The decoding loop pinned down by stand-in drafters, and the rejection sampler's law."""
 
 import torch
+from greedy import greedy_reference
 
 from specdraft.eval.specdec import VerifierSession, generate, verify_step
 
@@ -27,14 +28,6 @@ class OracleDrafter:
         if self.wrong:
             drafts = (drafts + 1) % self.model.config.vocab_size
         return drafts, None
-
-
-def greedy_reference(model, prompt, n):
-    ids = torch.tensor(prompt)
-    with torch.inference_mode():
-        for _ in range(n):
-            ids = torch.cat([ids, model(input_ids=ids[None]).logits[0, -1].argmax().view(1)])
-    return ids[len(prompt):].tolist()
 
 
 PROMPT = [1, 504, 3458, 314, 253, 1345, 30]
