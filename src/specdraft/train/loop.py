@@ -94,7 +94,11 @@ class Trainer:
         self.optimizer = make_optimizer(model, cfg)
         self._plans: dict[int, list[MicroBatch]] = {}
         self.G = env.world_size * cfg.grad_accum
-        n_micro = len(self.plan(0))
+        # Shuffled length windows pack into a slightly different number of micro-batches each
+        # epoch: every epoch runs the same number of steps, that of the smallest plan.
+        n_micro = min(len(plan_epoch(data.train, data.lengths, batch_tokens=cfg.batch_tokens,
+                                     length_window=cfg.length_window, seed=cfg.seed, epoch=e))
+                      for e in range(cfg.epochs))
         self.steps_per_epoch = n_micro // self.G
         if self.steps_per_epoch == 0:
             raise ValueError(f"{n_micro} micro-batches per epoch < world_size*grad_accum = "
