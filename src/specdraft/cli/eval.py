@@ -15,8 +15,8 @@ def command(
                                                       "RUN/eval/)."),
     drafter: Optional[Path] = typer.Option(None, help="Drafter dir (specdraft or exported)."),
     verifier: Optional[str] = typer.Option(None, help="HF model dir, .gguf file or 'smollm2'."),
-    prompts: Optional[Path] = typer.Option(None, help="JSONL: question | turns | prompt | "
-                                                      "messages."),
+    prompts: Optional[Path] = typer.Option(None, help="Any prompt file generate reads "
+                                                      "(first user turn), or builtin:NAME."),
     k: Optional[int] = typer.Option(None, help="Drafts per verify step (default 4)."),
     temperature: Optional[float] = typer.Option(None, help="0 = greedy; > 0 = speculative "
                                                            "sampling."),
