@@ -80,3 +80,70 @@ def verifier8(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
     express them (the pipeline's defaults work unchanged)."""
     return make_tiny_verifier(tmp_path_factory.mktemp("verifier8"), smollm2_tokenizer_dir,
                               layers=8)
+
+
+# Qwen3-like behaviour, our own text: the reasoning of assistant turns after the last user message
+# is rendered as "<think>\n{reasoning}\n</think>\n\n{answer}" (an empty block when there is none);
+# earlier assistant turns lose their reasoning; enable_thinking=false puts an empty think block at
+# the end of the generation prompt. Tools are listed in the system turn; calls are
+# <tool_call>{json}</tool_call> lines; tool results are "tool" turns.
+THINK_TEMPLATE = (
+    "{%- set st = namespace(q=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set st.q = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if messages[0].role == 'system' or tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0].role == 'system' -%}{{- messages[0].content -}}{%- endif -%}"
+    "{%- if tools -%}{{- '\\nYou may call these functions:' -}}"
+    "{%- for t in tools -%}{{- '\\n' + (t | tojson) -}}{%- endfor -%}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'user' or m.role == 'tool' -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if loop.index0 > st.q -%}"
+    "{{- '<think>\\n' + (m.reasoning_content or '') | trim + '\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- m.content -}}"
+    "{%- for c in (m.tool_calls or []) -%}"
+    "{%- set f = c.function -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
+    "{{- (f.arguments if f.arguments is string else f.arguments | tojson) + '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and not enable_thinking -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
+)
+
+
+@pytest.fixture(scope="session")
+def think_tokenizer_dir(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
+    """SmolLM2's tokenizer plus <think> (49152) and </think> (49153) as special tokens, with
+    :data:`THINK_TEMPLATE` as its chat template."""
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    tok.add_tokens([AddedToken("<think>", special=True, normalized=False),
+                    AddedToken("</think>", special=True, normalized=False)], special_tokens=True)
+    tok.chat_template = THINK_TEMPLATE
+    out = tmp_path_factory.mktemp("think_tok")
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def think_tokenizer(think_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(think_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def think_template() -> str:
+    return THINK_TEMPLATE

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
-from export_kit import make_drafter, make_run  # noqa: E402
+from export_kit import make_drafter, make_run, write_chat_format  # noqa: E402
 from specdraft.doctor.config import DoctorConfig  # noqa: E402
 from specdraft.doctor.run import run as doctor  # noqa: E402
 from specdraft.export.config import ExportConfig  # noqa: E402
@@ -111,9 +111,10 @@ def test_run_dir_template_and_think_tokens(tmp_path, six_layer_verifier, six_lay
     assert failing(tmp_path / "run2", six_layer_verifier_dir, six_layer_verifier)[0] == \
         ["chat template unchanged since prepare"]
     # think markers that SmolLM2's tokenizer splits into several tokens
-    pm = json.loads((run_dir / "prepare" / "manifest.json").read_text())
-    pm["think_tokens"] = {"opener": "<think>", "closer": "</think>", "ids": []}
-    (run_dir / "prepare" / "manifest.json").write_text(json.dumps(pm))
+    from specdraft.core.chat import ThinkMarkers
+
+    write_chat_format(run_dir, template_hash=good, think=ThinkMarkers(
+        opener="<think>", closer="</think>", opener_id=-1, closer_id=-1))
     assert failing(run_dir, six_layer_verifier_dir, six_layer_verifier)[0] == \
         ["think tokens are single tokens"]
 

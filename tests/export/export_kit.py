@@ -72,8 +72,16 @@ def make_run(run: Path, verifier, drafter: Eagle3DraftModel, *, extract_aux=None
                           "vocab_size": verifier.config.vocab_size})
     if template_hash is not None:
         (run / "prepare").mkdir(parents=True, exist_ok=True)
-        write_manifest(run / "prepare", stage="prepare", config=FakeStage(), clock=clock,
-                       extra={"template": {"source": "tokenizer", "sha256": template_hash}})
+        write_chat_format(run, template_hash=template_hash)
+        write_manifest(run / "prepare", stage="prepare", config=FakeStage(), clock=clock)
     save_drafter(drafter, run / "train" / "best")
     write_manifest(run / "train", stage="train", config=FakeStage(), clock=clock)
     return run
+
+
+def write_chat_format(run: Path, *, template_hash: str, think=None) -> None:
+    """RUN/prepare/chat_format.json recording ``template_hash`` (and ``think`` markers)."""
+    from specdraft.core.chat import ChatFormat
+
+    ChatFormat(template="(test)", template_sha256=template_hash, template_source="tokenizer",
+               stop_token_ids=[2], stop_tokens=["<|im_end|>"], think=think).save(run / "prepare")

@@ -173,9 +173,12 @@ def test_multi_turn_history_carries_own_answer(tmp_path, shared_data):
         m = run(cfg(tmp_path, url, prompts, concurrency=1,
                     chat_template_kwargs={"enable_thinking": True}), stream=io.StringIO())
     t1, t2 = rows[0]["turns"]
+    # the earlier answer goes back with its reasoning (vLLM reads `reasoning`, SGLang and
+    # llama.cpp `reasoning_content`), so the server's template sees what prepare renders
     assert requests[:2] == [[{"role": "user", "content": t1}],
                             [{"role": "user", "content": t1},
-                             {"role": "assistant", "content": "ans 1"},
+                             {"role": "assistant", "content": "ans 1", "reasoning": "plan 1",
+                              "reasoning_content": "plan 1"},
                              {"role": "user", "content": t2}]]
     rec = read_jsonl(tmp_path / "run/generate/samples.jsonl")[0]
     assert rec["id"] == str(rows[0]["question_id"])

@@ -67,7 +67,8 @@ def test_gsm8k_summary_matches_recount(tmp_path, shared_data, smollm2_tokenizer_
         first = int(np.argmax(m))
         assert m[first:].all() and not m[:first].any()
         assert t or (i[-1] == 2 and m[-1] == 1)
-    assert manifest["stop_token_ids"] == [2] and manifest["think_tokens"] is None
+    assert manifest["chat_format"]["stop_token_ids"] == [2]
+    assert manifest["chat_format"]["think"] is None
     assert manifest["counts"]["rejected"] == dict(rejects)
 
 
@@ -92,9 +93,10 @@ def test_kwargs_reused_and_turns_last(tmp_path, think_tokenizer_dir, think_token
     assert think_tokenizer.decode(sup) == "My name is Q.<|im_end|>"
     assert manifest["chat_template_kwargs"] == [{"kwargs": {"enable_thinking": False},
                                                  "samples": 1}]
-    assert manifest["think_tokens"]["ids"] == [49152, 49153]
-    assert manifest["history_policy"]["earlier_turns_reasoning"] == "stripped"
-    assert manifest["history_policy"]["supervised_turn_reasoning"] == "rendered"
+    think = manifest["chat_format"]["think"]
+    assert (think["opener_id"], think["closer_id"]) == (49152, 49153)
+    assert manifest["chat_format"]["history_reasoning"] == "stripped"
+    assert manifest["chat_format"]["supervised_reasoning"] == "rendered"
     assert 49152 in manifest["forced_token_ids"]["template_special"]
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.prepare.template import Renderer, detect_stop_ids, resolve_think_tokens
-from specdraft.prepare.turns import Rules, Turn, TurnRejected, encode_turn, message_reasoning
+from specdraft.core.chat import Renderer, detect_stop_ids, message_reasoning, resolve_think_tokens
+from specdraft.prepare.turns import Rules, Turn, TurnRejected, encode_turn
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 THINK, END_THINK, IM_END, IM_START = 49152, 49153, 2, 1

@@ -52,6 +52,21 @@ class StageConfig(BaseModel):
             raise ConfigError(format_validation_error(err, source)) from None
 
 
+def parse_json_object(value: Any) -> Any:
+    """A JSON-object flag (``'{"enable_thinking": false}'``) as a dict; None and dicts pass
+    through. Raises ``ValueError`` (a validation error naming the flag) otherwise."""
+    if value is None or isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise ValueError(f"not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise ValueError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value
+
+
 def flag_name(field: str) -> str:
     """``max_tokens`` -> ``--max-tokens``."""
     return "--" + field.replace("_", "-")

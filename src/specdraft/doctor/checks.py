@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdraft.core.chat import DEFAULT_THINK, ChatFormat
 from specdraft.export.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
 from specdraft.export.reader import DrafterOnDisk
 from specdraft.export.validate import check_vocab_map
@@ -45,6 +46,7 @@ class Subject:
     run_dir: Path | None = None
     extract: dict[str, Any] | None = None
     prepare: dict[str, Any] | None = None
+    chat_format: ChatFormat | None = None
 
     @property
     def vcfg(self) -> Any:
@@ -182,28 +184,29 @@ def check_max_positions(s: Subject) -> Check:
 
 
 def check_chat_template(s: Subject) -> Check:
-    """The template hash recorded by ``prepare`` equals the verifier tokenizer's current one."""
-    recorded = ((s.prepare or {}).get("template") or {}).get("sha256")
-    if recorded is None:
+    """The run's chat format (``RUN/prepare/chat_format.json``) renders with the template the
+    verifier's tokenizer has now: the engine will render with the tokenizer's."""
+    if s.chat_format is None:
         return Check("chat template unchanged since prepare", True,
-                     "no RUN/prepare/manifest.json: not applicable")
+                     "no RUN/prepare/chat_format.json: not applicable")
     template = getattr(s.tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):
         template = template.get("default", "")
     now = hashlib.sha256(template.encode("utf-8")).hexdigest()
+    recorded = s.chat_format.template_sha256
     return Check("chat template unchanged since prepare", now == recorded,
-                 f"prepare {recorded[:12]}, verifier {now[:12]}",
+                 f"prepare {recorded[:12]} ({s.chat_format.template_source}), "
+                 f"verifier {now[:12]}",
                  "re-run `specdraft prepare` (and the stages after it) with the verifier's "
                  "current template, or serve with the template used at prepare "
                  "(--chat-template)")
 
 
 def check_think_tokens(s: Subject) -> Check:
-    """Think markers (from the prepare manifest, or in the chat template) are single tokens."""
-    think = (s.prepare or {}).get("think_tokens") or {}
-    markers = [m for m in (think.get("opener"), think.get("closer")) if m]
+    """Think markers (from the run's chat format, or in the chat template) are single tokens."""
+    markers = list(s.chat_format.think_names or ()) if s.chat_format else []
     template = str(getattr(s.tokenizer, "chat_template", "") or "")
-    markers += [m for m in ("<think>", "</think>") if m in template and m not in markers]
+    markers += [m for m in DEFAULT_THINK if m in template and m not in markers]
     if not markers:
         return Check("think tokens are single tokens", True, "no think markers in use")
     split = {m: s.tokenizer.encode(m, add_special_tokens=False) for m in markers}

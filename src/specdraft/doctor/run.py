@@ -30,6 +30,7 @@ def drafter_path(target: Path) -> Path:
 
 
 def subject(config: DoctorConfig, verifier: Any | None = None) -> Subject:
+    from specdraft.core.chat import run_chat_format
     from specdraft.core.verifier import load_tokenizer, load_verifier
 
     target = Path(config.target)
@@ -40,7 +41,8 @@ def subject(config: DoctorConfig, verifier: Any | None = None) -> Subject:
                                                                      dtype=config.dtype),
         tokenizer=load_tokenizer(config.verifier), run_dir=run,
         extract=read_manifest(run / "extract") if run else None,
-        prepare=read_manifest(run / "prepare") if run else None)
+        prepare=read_manifest(run / "prepare") if run else None,
+        chat_format=run_chat_format(run))
 
 
 def run(config: DoctorConfig, verifier: Any | None = None) -> dict[str, Any]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from specdraft.core.config import StageConfig
+from specdraft.core.config import StageConfig, parse_json_object
 
 
 class EvalConfig(StageConfig):
@@ -19,7 +19,10 @@ class EvalConfig(StageConfig):
     ``prompts``: JSONL with question / turns (first turn) / prompt / messages — the benchmark
     defaults are MT-bench (``mt_bench/question.jsonl``) and GSM8K test. ``k`` drafts per verify
     step; ``temperature`` 0 = greedy, > 0 = speculative sampling. ``server``: measure on a
-    running vLLM/SGLang instead (no local models).
+    running vLLM/SGLang instead (no local models). Prompts are rendered with the run's chat
+    format (``RUN/prepare/chat_format.json``: template and ``chat_template_kwargs`` of the training
+    data), else the verifier's; ``chat_template`` (a file) and ``chat_template_kwargs`` (JSON)
+    override it.
     """
 
     run_dir: Path | None = None
@@ -34,8 +37,15 @@ class EvalConfig(StageConfig):
     device: str = "cpu"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     server: str | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     out: Path | None = None
     overwrite: bool = False
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def _parse_kwargs(cls, value: Any) -> Any:
+        return parse_json_object(value)
 
     @model_validator(mode="after")
     def _where(self) -> "EvalConfig":

@@ -9,6 +9,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from specdraft.core.chat import ChatFormat, run_chat_format
 from specdraft.core.errors import InputError
 from specdraft.generate.config import DEFAULT_FIELDS
 from specdraft.generate.inputs import iter_rows, parse_row
@@ -29,7 +30,19 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, A
     return out
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of the chat rendered with the verifier's template (generation prompt added)."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+def eval_chat_format(config: Any, tokenizer: Any) -> ChatFormat:
+    """The chat format eval renders with: the run's (``RUN/prepare/chat_format.json``, so τ is
+    measured on prompts formatted like the training data), else resolved from the verifier's
+    tokenizer; ``--chat-template`` / ``--chat-template-kwargs`` override either."""
+    fmt = run_chat_format(config.run_dir)
+    if fmt is None or config.chat_template is not None:
+        kwargs = fmt.kwargs if fmt is not None else {}
+        fmt = ChatFormat.resolve(tokenizer, chat_template=config.chat_template, kwargs=kwargs)
+    if config.chat_template_kwargs is not None:
+        fmt = fmt.model_copy(update={"kwargs": dict(config.chat_template_kwargs)})
+    return fmt
+
+
+def render(tokenizer: Any, messages: list[dict[str, str]], fmt: ChatFormat) -> list[int]:
+    """Token ids ``[T]`` of the chat's generation prompt, rendered with ``fmt``."""
+    return fmt.prompt_ids(tokenizer, messages)

@@ -22,7 +22,7 @@ from specdraft.core.rundir import open_stage_dir, stage_dir
 from specdraft.eval.acceptance import AcceptanceStats
 from specdraft.eval.config import EvalConfig
 from specdraft.eval.plot import plot_acceptance
-from specdraft.eval.prompts import load_prompts, render
+from specdraft.eval.prompts import eval_chat_format, load_prompts, render
 
 STAGE = "eval"
 
@@ -45,15 +45,6 @@ def output_dir(config: EvalConfig) -> Path:
     return open_stage_dir(config.run_dir, STAGE, overwrite=config.overwrite)
 
 
-def eos_ids(tokenizer: Any, model: Any | None) -> list[int]:
-    """The tokenizer's EOS plus the verifier's generation-config EOS ids."""
-    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
-    gen = getattr(model, "generation_config", None)
-    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
-    ids |= set(extra if isinstance(extra, list) else [extra] if extra is not None else [])
-    return sorted(int(i) for i in ids)
-
-
 def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
     """The drafter (any on-disk format) on the verifier's device, float32 on CPU."""
     from specdraft.export.reader import build_model, read_drafter
@@ -67,15 +58,18 @@ def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
 def offline_eval(config: EvalConfig, verifier: Any, tokenizer: Any,
                  prompts: list[dict[str, Any]]) -> dict[str, Any]:
     """Speculative decoding over ``prompts``; aggregate and per-prompt figures."""
+    from specdraft.core.chat import generation_stop_ids
     from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
+
+    fmt = eval_chat_format(config, tokenizer)
 
     model = load_drafter_model(config, verifier)
     gen = torch.Generator().manual_seed(config.seed)
     stats, rows, tokens, seconds = AcceptanceStats(), [], 0, 0.0
-    eos = eos_ids(tokenizer, verifier)
+    eos = generation_stop_ids(verifier, tokenizer, fmt)
     for p in prompts:
         g = generate(VerifierSession(verifier, model.config.aux_layer_ids), EagleDrafter(model),
-                     render(tokenizer, p["messages"]), k=config.k,
+                     render(tokenizer, p["messages"], fmt), k=config.k,
                      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                      eos_ids=eos, generator=gen)
         stats.extend(g.stats)
@@ -86,7 +80,8 @@ def offline_eval(config: EvalConfig, verifier: Any, tokenizer: Any,
     return {**stats.summary(), "new_tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "prompts": rows,
             "aux_layer_ids": list(model.config.aux_layer_ids),
-            "draft_vocab_size": model.config.draft_vocab_size}
+            "draft_vocab_size": model.config.draft_vocab_size,
+            "chat_format": {"template_sha256": fmt.template_sha256, "kwargs": fmt.kwargs}}
 
 
 def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:

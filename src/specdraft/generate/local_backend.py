@@ -1,7 +1,8 @@
 """The ``local`` backend: batched ``transformers`` generation on the verifier, no server.
 
-Prompts are rendered with the tokenizer's chat template (``add_generation_prompt=True`` plus
-``chat_template_kwargs``), left-padded so every row's last prompt token sits at the same position,
+Prompts are rendered with the run's :class:`~specdraft.core.chat.ChatFormat` (the template,
+``add_generation_prompt=True``, its ``chat_template_kwargs``, history reasoning handed to the
+template as prepare hands it), left-padded so every row's last prompt token sits at the same position,
 and decoded greedily when ``temperature == 0`` (else sampled with ``temperature``/``top_p``).
 The completion ids kept are those the model emitted up to and including its first stop token,
 exactly like vLLM's ``token_ids``.
@@ -13,19 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specdraft.core.chat import ChatFormat, generation_stop_ids, message_for_template
 from specdraft.generate.client import TurnOutput
-
-
-def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The ids that end generation: the model's ``generation_config.eos_token_id`` (int or list)
-    and the tokenizer's ``eos_token_id``."""
-    ids: list[int] = []
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (gen_eos, tokenizer.eos_token_id):
-        for i in (value if isinstance(value, (list, tuple)) else [value]):
-            if i is not None and int(i) not in ids:
-                ids.append(int(i))
-    return ids
 
 
 def cut_at_stop(ids: list[int], stops: list[int]) -> tuple[list[int], str]:
@@ -47,16 +37,17 @@ class LocalBackend:
     def __init__(self, model: Any, tokenizer: Any, *, max_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None,
                  chat_template_kwargs: dict[str, Any] | None = None,
-                 name: str | None = None) -> None:
+                 chat_format: ChatFormat | None = None, name: str | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.top_p = top_p
         self.seed = seed
-        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.chat_format = chat_format or ChatFormat.resolve(
+            tokenizer, kwargs=chat_template_kwargs)
         self.name = name or str(getattr(model, "name_or_path", "") or "local")
-        self.stops = stop_token_ids(model, tokenizer)
+        self.stops = generation_stop_ids(model, tokenizer, self.chat_format)
         if not self.stops:
             raise ValueError("the verifier has no eos token id: cannot tell when a turn ends")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
@@ -77,8 +68,10 @@ class LocalBackend:
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         """The prompt text of ``messages`` with the generation prompt appended."""
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs)
+        fmt = self.chat_format
+        return fmt.renderer(self.tokenizer).render(
+            [message_for_template(m) for m in messages], tools=None, kwargs=fmt.kwargs,
+            add_generation_prompt=True)
 
     def generate(self, conversations: list[list[dict[str, Any]]]) -> list[TurnOutput]:
         """One assistant turn for each conversation, as a single left-padded batch."""

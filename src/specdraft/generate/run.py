@@ -82,6 +82,7 @@ class Sink:
     (every ``flush_every`` samples or ``flush_interval_s`` seconds, and on :meth:`close`)."""
 
     def __init__(self, out: Path, config: GenerateConfig, progress: Progress) -> None:
+        self.out = out
         self.writer = JsonlWriter(out / SAMPLES)
         self.rejects = Rejects(out, REJECTS)
         self.config = config
@@ -289,20 +290,25 @@ async def _drive(coros: list[Any], sink: Sink) -> None:
 
 def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
                verifier: Any) -> dict[str, Any]:
+    """Generate in-process; the chat format is resolved here (the first stage to touch the
+    tokenizer) and saved as ``RUN/generate/chat_format.json`` for prepare to check against."""
+    from specdraft.core.chat import ChatFormat
+    from specdraft.core.verifier import load_tokenizer, load_verifier
     from specdraft.generate.local_backend import LocalBackend
 
-    kw = dict(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p,
-              seed=config.seed, chat_template_kwargs=config.chat_template_kwargs)
     if isinstance(verifier, LocalBackend):
         backend = verifier
-    elif verifier is not None:
-        model, tok = verifier
-        backend = LocalBackend(model, tok, name=Path(config.verifier).name, **kw)
-    elif todo:
-        backend = LocalBackend.load(config.verifier, device=config.device, dtype=config.dtype,
-                                    **kw)
     else:
-        return {"model": Path(config.verifier).name}
+        if verifier is None and not todo:
+            return {"model": Path(config.verifier).name}
+        model, tok = verifier if verifier is not None else (
+            load_verifier(config.verifier, dtype=config.dtype, device=config.device),
+            load_tokenizer(config.verifier))
+        fmt = ChatFormat.resolve(tok, kwargs=config.chat_template_kwargs)
+        backend = LocalBackend(model, tok, name=Path(config.verifier).name,
+                               max_tokens=config.max_tokens, temperature=config.temperature,
+                               top_p=config.top_p, seed=config.seed, chat_format=fmt)
+    backend.chat_format.save(sink.out)
     checks = _checks(config)
     for i in range(0, len(todo), config.batch_size):
         states = [SampleState(p) for p in todo[i: i + config.batch_size]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdraft.core.chat import message_for_request
 from specdraft.generate.client import TurnOutput
 from specdraft.generate.inputs import Prompt
 from specdraft.generate.reasoning import Split, extract
@@ -63,10 +64,13 @@ class SampleState:
         return self.reject is not None or len(self.turns) == len(self.prompt.turns)
 
     def request(self) -> list[dict[str, Any]]:
-        """The messages to send for the next turn (history answers without reasoning)."""
+        """The messages to send for the next turn: earlier answers keep their reasoning
+        (:func:`specdraft.core.chat.message_for_request`), so the server's template renders the
+        history exactly as ``prepare`` renders it; whether the template then shows it is the
+        template's own rule."""
         if not self.messages or self.messages[-1]["role"] != "user":
             self.messages.append({"role": "user", "content": self.prompt.turns[len(self.turns)]})
-        return [{"role": m["role"], "content": m["content"]} for m in self.messages]
+        return [message_for_request(m) for m in self.messages]
 
     def add(self, out: TurnOutput, checks: Checks) -> None:
         """Record the answer to the pending user turn; set :attr:`reject` if it fails a check."""

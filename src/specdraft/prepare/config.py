@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from specdraft.core.config import StageConfig
+from specdraft.core.config import StageConfig, parse_json_object
 
 
 def _split_tokens(value: Any) -> Any:
@@ -69,16 +69,7 @@ class PrepareConfig(StageConfig):
     @field_validator("chat_template_kwargs", mode="before")
     @classmethod
     def _parse_kwargs(cls, value: Any) -> Any:
-        if value is None:
-            return {}
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as err:
-                raise ValueError(f"not valid JSON: {err}") from None
-        if not isinstance(value, dict):
-            raise ValueError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-        return value
+        return parse_json_object(value) or {}
 
     @field_validator("stop_tokens")
     @classmethod

@@ -14,15 +14,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from specdraft.core.chat import (CHAT_FORMAT_FILE, ChatFormat, Renderer, added_token_ids,
+                                 byte_fallback_ids, message_reasoning, template_special_ids)
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.manifest import StageClock, file_sha256, input_hash, write_manifest
 from specdraft.core.rejects import Rejects
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
-from specdraft.prepare import template as tpl
 from specdraft.prepare.config import PrepareConfig
 from specdraft.prepare.records import Sample, iter_records, iter_turns, to_sample
 from specdraft.prepare.stats import Summary
-from specdraft.prepare.turns import Rules, Turn, TurnRejected, encode_turn, message_reasoning
+from specdraft.prepare.turns import Rules, Turn, TurnRejected, encode_turn
 from specdraft.prepare.writer import DatasetWriter
 
 STAGE = "prepare"
@@ -43,20 +44,23 @@ def load_prepare_tokenizer(config: PrepareConfig) -> Any:
     return load_tokenizer(path, trust_remote_code=config.trust_remote_code)
 
 
-def make_renderer(config: PrepareConfig, tokenizer: Any) -> tuple[tpl.Renderer, str]:
-    """The renderer and where its template came from (``"tokenizer"`` or the override file)."""
-    if config.chat_template is not None:
-        path = Path(config.chat_template)
-        if not path.is_file():
-            raise ConfigError(f"--chat-template {path}: file not found")
-        return tpl.Renderer(tokenizer, path.read_text(encoding="utf-8"),
-                            config.add_special_tokens), str(path)
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError("the tokenizer has no chat template: pass --chat-template FILE")
-    template = tokenizer.chat_template
-    if isinstance(template, dict):  # several named templates: the default one renders chats
-        template = template.get("default") or next(iter(template.values()))
-    return tpl.Renderer(tokenizer, template, config.add_special_tokens), "tokenizer"
+def resolve_chat_format(config: PrepareConfig, tokenizer: Any) -> ChatFormat:
+    """The run's chat format: resolved from the tokenizer and this stage's settings; when local
+    generation already resolved one (``RUN/generate/chat_format.json``), it must render chats the
+    same way, else :class:`ConfigError` naming the differing facts."""
+    fmt = ChatFormat.resolve(tokenizer, chat_template=config.chat_template,
+                             kwargs=config.chat_template_kwargs,
+                             add_special_tokens=config.add_special_tokens,
+                             think_tokens=config.think_tokens, stop_tokens=config.stop_tokens)
+    generated = stage_dir(config.run_dir, "generate") / CHAT_FORMAT_FILE
+    if config.data is None and generated.exists():
+        differs = ChatFormat.load(generated).rendering_differs(fmt)
+        if differs:
+            raise ConfigError(f"prepare would render chats unlike the local generation that "
+                              f"produced the answers ({generated}): {differs} differ; give "
+                              f"prepare the same --chat-template / --chat-template-kwargs / "
+                              f"--stop-tokens / --think-tokens as generate")
+    return fmt
 
 
 def verifier_vocab_size(config: PrepareConfig, tokenizer: Any) -> int:
@@ -103,7 +107,7 @@ def _dir_hash(path: Path) -> str:
 class _Job:
     """State of one prepare run: renderer, rules, outputs and counters."""
 
-    def __init__(self, config: PrepareConfig, renderer: tpl.Renderer, rules: Rules,
+    def __init__(self, config: PrepareConfig, renderer: Renderer, rules: Rules,
                  out: Path, vocab_size: int) -> None:
         self.config, self.renderer, self.rules = config, renderer, rules
         self.rejects = Rejects(out, filename=f"rejects.jsonl.tmp-{os.getpid()}")
@@ -136,7 +140,8 @@ class _Job:
                     reasoning=message_reasoning(message),
                     finish_reason=meta.get("finish_reason") or "stop",
                     completion_token_ids=meta.get("completion_token_ids"),
-                    tools=sample.tools, kwargs=sample.kwargs)
+                    tools=sample.tools, kwargs=sample.kwargs,
+                    prompt_token_ids=meta.get("prompt_token_ids"))
         try:
             if self.config.require_reasoning and not turn.reasoning.strip():
                 raise TurnRejected("no_reasoning", "--require-reasoning and the turn has none")
@@ -158,10 +163,9 @@ def run(config: PrepareConfig) -> dict[str, Any]:
     out = open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
     source, inputs = input_files(config)
     tokenizer = load_prepare_tokenizer(config)
-    renderer, template_source = make_renderer(config, tokenizer)
-    think = tpl.resolve_think_tokens(tokenizer, config.think_tokens)
-    stop_ids = tpl.detect_stop_ids(renderer, config.stop_tokens)
-    rules = Rules(stop_ids=frozenset(stop_ids), think=think[0] if think else None,
+    fmt = resolve_chat_format(config, tokenizer)
+    renderer = fmt.renderer(tokenizer)
+    rules = Rules(stop_ids=frozenset(fmt.stop_token_ids), think=fmt.think_names,
                   max_seq_len=config.max_seq_len, reasoning_format=config.reasoning_format)
     vocab_size = verifier_vocab_size(config, tokenizer)
     job = _Job(config, renderer, rules, out, max(vocab_size, len(tokenizer)))
@@ -178,7 +182,9 @@ def run(config: PrepareConfig) -> dict[str, Any]:
     job.rejects.close()
     os.replace(job.rejects.path, out / "rejects.jsonl")
     figures = job.summary.figures(dict(job.rejects.counts))
-    extra = _facts(config, renderer, template_source, think, stop_ids, vocab_size, job)
+    fmt = _with_sample_kwargs(fmt, job.kwargs_seen)
+    fmt.save(out)
+    extra = _facts(config, renderer, fmt, vocab_size, job)
     counts = {"in": figures["samples_in"], "turns_in": figures["turns_in"],
               "out": figures["tokenized"], "rejected": figures["rejected_by_reason"]}
     return write_manifest(out, stage=STAGE, config=config, clock=clock, inputs=inputs,
@@ -195,33 +201,37 @@ def _refuse_empty(job: _Job, source: Any, out: Path) -> None:
                      f"(details in {job.rejects.path})")
 
 
-def _facts(config: PrepareConfig, renderer: tpl.Renderer, template_source: str,
-           think: Any, stop_ids: list[int], vocab_size: int, job: _Job) -> dict[str, Any]:
-    """Stage-specific manifest facts (tokenizer, template, think/stop ids, forced vocab ids)."""
+def _with_sample_kwargs(fmt: ChatFormat, seen: Counter[str]) -> ChatFormat:
+    """The format with the ``chat_template_kwargs`` most samples were generated with (eval renders
+    its prompts with them, as the training data was)."""
+    if not seen:
+        return fmt
+    most = json.loads(seen.most_common(1)[0][0])
+    return fmt.model_copy(update={"kwargs": most})
+
+
+def _facts(config: PrepareConfig, renderer: Renderer, fmt: ChatFormat, vocab_size: int,
+           job: _Job) -> dict[str, Any]:
+    """Stage-specific manifest facts (tokenizer, chat format, forced vocab ids)."""
     tok = renderer.tokenizer
-    think_ids = list(think[1]) if think else []
-    used_special = job.summary.seen_special(tpl.added_token_ids(tok))
+    think_ids = [fmt.think.opener_id, fmt.think.closer_id] if fmt.think else []
+    used_special = job.summary.seen_special(added_token_ids(tok))
     eos = [int(tok.eos_token_id)] if tok.eos_token_id is not None else []
     return {
         "tokenizer": {"path": config.tokenizer or config.verifier, "name": tok.name_or_path,
                       "class": type(tok).__name__, "size": len(tok)},
         "verifier_vocab_size": vocab_size,
-        "template": {"source": template_source, "sha256": renderer.template_hash},
+        "chat_format": fmt.summary(),
         "chat_template_kwargs": [{"kwargs": json.loads(k), "samples": n}
                                  for k, n in sorted(job.kwargs_seen.items())],
-        "think_tokens": ({"opener": think[0][0], "closer": think[0][1], "ids": think_ids}
-                         if think else None),
-        "stop_token_ids": stop_ids,
-        "stop_tokens": [tok.convert_ids_to_tokens(i) for i in stop_ids],
-        "history_policy": tpl.history_policy(renderer, think[0] if think else None),
         "encoding": {
-            "add_special_tokens": config.add_special_tokens,
             "completion_span": "prompt+completion tokenized once; the prompt's tokens must be "
-                               "its exact prefix; completion_token_ids used verbatim",
+                               "its exact prefix (and equal the server's prompt_token_ids when "
+                               "recorded); completion_token_ids used verbatim",
             "label_rule": "position p is supervised iff loss_mask[p+1] == 1 "
-                          "(specdraft.prepare.labels.next_token_targets)"},
+                          "(specdraft.core.conventions.supervised_positions)"},
         "forced_token_ids": {
-            "eos": eos, "stop": stop_ids, "think": think_ids,
-            "template_special": sorted(set(tpl.template_special_ids(renderer)) | set(used_special)),
-            "byte_fallback": tpl.byte_fallback_ids(tok)},
+            "eos": eos, "stop": list(fmt.stop_token_ids), "think": think_ids,
+            "template_special": sorted(set(template_special_ids(renderer)) | set(used_special)),
+            "byte_fallback": byte_fallback_ids(tok)},
     }

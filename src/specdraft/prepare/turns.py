@@ -17,7 +17,8 @@ exactly the prompt tokens it rendered. How a turn is encoded:
    - a think opener ending the generation prompt (DeepSeek-R1 style) while the template drops the
      turn's reasoning: the completion is ``reasoning_format`` (reasoning + closer) + the answer.
 
-   Anything else is rejected as ``template_mismatch``.
+   Anything else is rejected as ``template_mismatch``. When the server reported the prompt ids
+   it fed the verifier, ``P`` must equal them, else the turn is rejected as ``prompt_mismatch``.
 4. The whole text ``prompt + completion`` is tokenized ONCE (not piece by piece: BPE can merge
    across piece boundaries) and the completion is what follows ``P`` when the row starts with
    exactly ``P``; when a merge crosses the prompt's end, the prompt stays ``P`` (what the server
@@ -36,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from specdraft.prepare.template import Renderer, TemplateError, with_reasoning_fields
+from specdraft.core.chat import Renderer, TemplateError, message_for_template
 
 
 class TurnRejected(Exception):
@@ -53,7 +54,8 @@ class Turn:
     """A supervised assistant turn of a sample.
 
     ``messages[message_index]`` is the assistant message; ``reasoning`` is its reasoning text
-    (may be empty); ``finish_reason`` as the server reported it (``"stop"`` when unknown).
+    (may be empty); ``finish_reason`` as the server reported it (``"stop"`` when unknown);
+    ``prompt_token_ids`` the exact prompt the server fed the verifier, when it returned them.
     """
 
     messages: list[dict[str, Any]]
@@ -63,6 +65,7 @@ class Turn:
     completion_token_ids: list[int] | None
     tools: list | None
     kwargs: dict[str, Any]
+    prompt_token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ def encode_turn(renderer: Renderer, turn: Turn, rules: Rules) -> Encoded:
     history = [message_for_template(m) for m in turn.messages[:turn.message_index]]
     prompt = _render(renderer, history, turn, generation=True)
     prompt_ids = renderer.encode(prompt)
+    check_server_prompt(prompt_ids, turn.prompt_token_ids)
     if len(prompt_ids) >= rules.max_seq_len:
         raise TurnRejected("too_long", f"prompt has {len(prompt_ids)} tokens >= --max-seq-len "
                                        f"{rules.max_seq_len}")
@@ -110,6 +114,18 @@ def encode_turn(renderer: Renderer, turn: Turn, rules: Rules) -> Encoded:
         if split:
             scaffold = f"{scaffold}+prompt_boundary" if scaffold else "prompt_boundary"
     return _assemble(prompt_ids, completion, cut, scaffold, rules.max_seq_len)
+
+
+def check_server_prompt(prompt_ids: list[int], server_ids: list[int] | None) -> None:
+    """Reject (``prompt_mismatch``) a turn whose rendered prompt differs from the ids the server
+    reported it fed the verifier (vLLM's ``prompt_token_ids``): its completion was generated
+    after a prompt this row would not contain, so the row would teach the wrong context."""
+    if server_ids is None or list(server_ids) == prompt_ids:
+        return
+    at = next((i for i, (a, b) in enumerate(zip(prompt_ids, server_ids)) if a != b),
+              min(len(prompt_ids), len(server_ids)))
+    raise TurnRejected("prompt_mismatch", f"rendered prompt ({len(prompt_ids)} tokens) differs "
+                       f"from the server's prompt_token_ids ({len(server_ids)}) at token {at}")
 
 
 def completion_ids(renderer: Renderer, prompt_ids: list[int], prompt: str,
@@ -154,25 +170,6 @@ def _render(renderer: Renderer, messages: list[dict[str, Any]], turn: Turn, *,
                                add_generation_prompt=generation)
     except TemplateError as err:
         raise TurnRejected("template_error", str(err)) from None
-
-
-def message_for_template(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as templates expect it: reasoning under every field name, None content as
-    ``""`` (string concatenation in templates fails on None)."""
-    reasoning = message_reasoning(message)
-    out = with_reasoning_fields(message, reasoning)
-    if out.get("content") is None:
-        out["content"] = ""
-    return out
-
-
-def message_reasoning(message: dict[str, Any]) -> str:
-    """The first non-empty of ``reasoning``, ``reasoning_content``, ``thinking`` (or ``""``)."""
-    for key in ("reasoning", "reasoning_content", "thinking"):
-        value = message.get(key)
-        if isinstance(value, str) and value.strip():
-            return value
-    return ""
 
 
 def completion_text(renderer: Renderer, history: list[dict[str, Any]], prompt: str, turn: Turn,
