@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specdraft.extract.batching import (Batch, pad_rows, plan_batches, plan_shards,
-                                        rank_batches, target_positions)
+                                        rank_batches)
 
 
 def test_plan_batches_by_hand():
@@ -31,6 +31,3 @@ def test_pad_rows_and_targets():
     assert p.position_ids.tolist() == [[0, 1, 2], [0, 1, 2]]
     assert p.loss_mask.tolist() == [[0, 1, 1], [1, 0, 0]]
     assert p.lengths.tolist() == [3, 1]
-    mask = torch.tensor([0, 0, 1, 1, 0, 1], dtype=torch.uint8)
-    assert target_positions(mask).tolist() == [1, 2, 4]
-    assert target_positions(torch.tensor([1], dtype=torch.uint8)).tolist() == []

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specdraft.core.errors import ConfigError, InputError, StageDirError
-from specdraft.extract.batching import plan_batches, target_positions
+from specdraft.core.conventions import supervised_positions
+from specdraft.extract.batching import plan_batches
 from specdraft.extract.config import ExtractConfig
 from specdraft.extract.run import run
 from specdraft.extract.source import DiskSource, OnlineSource, load_verifier_head
@@ -150,4 +151,4 @@ def test_target_positions_of_rows_without_targets(tmp_path, tiny_model):
     rows = DiskSource(run_dir / "extract").get_batch([0, 1])
     assert m["counts"]["rows_without_targets"] == 2
     assert [r.final_hidden.shape for r in rows] == [(0, 64), (0, 64)]
-    assert target_positions(rows[1].loss_mask).tolist() == []
+    assert supervised_positions(rows[1].loss_mask).tolist() == []

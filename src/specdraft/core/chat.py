@@ -33,10 +33,12 @@ DEFAULT_THINK = ("<think>", "</think>")
 #: vLLM's chat field ``reasoning`` (PR #27752), ``reasoning_content`` (Qwen3, Kimi, SGLang,
 #: llama.cpp), ``thinking`` (gpt-oss).
 TEMPLATE_REASONING_FIELDS = ("reasoning", "reasoning_content", "thinking")
-#: Fields an earlier assistant turn's reasoning is sent under to a server: vLLM 0.32 reads
-#: ``reasoning`` and hands it to the template as ``reasoning`` and ``reasoning_content``
-#: (``vllm/renderers/chat_utils.py``); SGLang and llama.cpp read ``reasoning_content``.
-REQUEST_REASONING_FIELDS = ("reasoning", "reasoning_content")
+#: Fields servers carry reasoning in, in chat messages both ways, in order of preference: vLLM's
+#: responses set ``reasoning`` (older vLLM, SGLang, llama.cpp, DeepSeek API ``reasoning_content``);
+#: vLLM 0.32 reads a request's ``reasoning`` and hands it to the template as ``reasoning`` and
+#: ``reasoning_content`` (``vllm/renderers/chat_utils.py``); SGLang and llama.cpp read
+#: ``reasoning_content``.
+SERVER_REASONING_FIELDS = ("reasoning", "reasoning_content")
 CHAT_FORMAT_FILE = "chat_format.json"
 _PROBE_ANSWER = "SPECDRAFTPROBEANSWER"
 _PROBE_REASONING = "SPECDRAFTPROBEREASONING"
@@ -208,12 +210,12 @@ def message_for_template(message: dict[str, Any]) -> dict[str, Any]:
 
 def message_for_request(message: dict[str, Any]) -> dict[str, Any]:
     """A history message as sent to an OpenAI-compatible server: ``role``, ``content`` and, for an
-    assistant turn with reasoning, that reasoning under :data:`REQUEST_REASONING_FIELDS`, so the
+    assistant turn with reasoning, that reasoning under :data:`SERVER_REASONING_FIELDS`, so the
     server's template renders the history exactly as :func:`message_for_template` does here."""
     out = {"role": message["role"], "content": message.get("content") or ""}
     reasoning = message_reasoning(message) if message["role"] == "assistant" else ""
     if reasoning:
-        out.update({name: reasoning for name in REQUEST_REASONING_FIELDS})
+        out.update({name: reasoning for name in SERVER_REASONING_FIELDS})
     return out
 
 
@@ -261,7 +263,7 @@ class ChatFormat(BaseModel):
     stop_tokens: list[str]
     think: ThinkMarkers | None = None
     template_reasoning_fields: list[str] = list(TEMPLATE_REASONING_FIELDS)
-    request_reasoning_fields: list[str] = list(REQUEST_REASONING_FIELDS)
+    request_reasoning_fields: list[str] = list(SERVER_REASONING_FIELDS)
     history_reasoning: Literal["kept", "stripped", "unknown"] = "unknown"
     supervised_reasoning: Literal["rendered", "dropped", "unknown"] = "unknown"
 

@@ -17,9 +17,9 @@ from typing import Any, Callable
 import torch
 
 from specdraft.core.chat import DEFAULT_THINK, ChatFormat
+from specdraft.core.conventions import vocab_map_problems
 from specdraft.export.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
 from specdraft.export.reader import DrafterOnDisk
-from specdraft.export.validate import check_vocab_map
 
 
 @dataclass
@@ -113,7 +113,7 @@ def check_aux_ids(s: Subject) -> Check:
 def check_vocab(s: Subject) -> Check:
     """d2t / t2d present and consistent; EOS in the draft vocab; coverage of the training data."""
     c = s.drafter.config
-    problems = check_vocab_map(s.drafter.state.get("d2t"), s.drafter.state.get("t2d"),
+    problems = vocab_map_problems(s.drafter.state.get("d2t"), s.drafter.state.get("t2d"),
                                c.draft_vocab_size, c.vocab_size)
     detail = f"draft vocab {c.draft_vocab_size} of {c.vocab_size}"
     t2d = s.drafter.state.get("t2d")

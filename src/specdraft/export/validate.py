@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from specdraft.core.conventions import vocab_map_problems
 from specdraft.core.errors import SpecdraftError
 from specdraft.export.formats import FORMAT_SPECS, inverse
 from specdraft.models.eagle3 import Eagle3Config
@@ -123,32 +124,6 @@ def check_tensors(fmt: str, c: Eagle3Config, tensors: dict[str, torch.Tensor]) -
     return problems
 
 
-def check_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, K: int, V: int
-                    ) -> list[str]:
-    """``d2t`` [K] int64: ``arange(K) + d2t`` strictly increasing in ``[0, V)``; ``t2d`` [V]
-    bool with K true entries at exactly those ids (the vocab stage's contract)."""
-    problems: list[str] = []
-    if d2t is None or t2d is None:
-        return [f"{'d2t' if d2t is None else 't2d'} absent: the engines cannot map draft ids "
-                f"to verifier ids (vLLM scatters logits to arange(K) + d2t)"]
-    if d2t.shape != (K,) or t2d.shape != (V,):
-        return [f"d2t shape {list(d2t.shape)} / t2d shape {list(t2d.shape)}: expected [{K}] "
-                f"and [{V}]"]
-    target = torch.arange(K) + d2t.long()  # [K]
-    if K > 1 and not bool((target[1:] > target[:-1]).all()):
-        problems.append("arange(K) + d2t is not strictly increasing (duplicate or unsorted "
-                        "target ids)")
-    if int(target.min()) < 0 or int(target.max()) >= V:
-        problems.append(f"arange(K) + d2t leaves [0, {V}): min {int(target.min())}, "
-                        f"max {int(target.max())}")
-    if int(t2d.sum()) != K:
-        problems.append(f"t2d has {int(t2d.sum())} true entries, expected draft vocab {K}")
-    inside = target[(target >= 0) & (target < V)]
-    if not bool(t2d.bool()[inside].all()):
-        problems.append("t2d and d2t disagree: some arange(K) + d2t ids are false in t2d")
-    return problems
-
-
 def check_provenance(fmt: str, tensors: dict[str, torch.Tensor],
                      trained: dict[str, torch.Tensor],
                      verifier_embed: torch.Tensor | None) -> list[str]:
@@ -228,7 +203,7 @@ def check_export(fmt: str, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]
     if head is not None and head.shape[0] != c.draft_vocab_size:
         problems.append(f"lm_head.weight has {head.shape[0]} rows, draft vocab is "
                         f"{c.draft_vocab_size}")
-    problems += check_vocab_map(tensors.get("d2t"), tensors.get("t2d"), c.draft_vocab_size,
+    problems += vocab_map_problems(tensors.get("d2t"), tensors.get("t2d"), c.draft_vocab_size,
                                 c.vocab_size)
     problems += check_aux_ids(fmt, cfg, c, extract_ids, n_layers)
     problems += check_provenance(fmt, tensors, trained, verifier_embed)

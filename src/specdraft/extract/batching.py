@@ -97,18 +97,3 @@ def pad_rows(input_ids: Sequence[Sequence[int]], loss_mask: Sequence[Sequence[in
     attention = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.int64)  # [B, T]
     positions = torch.arange(T, dtype=torch.int64).expand(B, T).contiguous()  # [B, T]
     return Padded(ids, attention, positions, mask, lengths)
-
-
-def target_mask(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Bool mask of the positions ``p`` with ``loss_mask[..., p+1] == 1`` (next-token targets).
-
-    ``loss_mask`` ``[..., T]`` (0 on padding) → ``[..., T]`` bool; the last position is never set.
-    """
-    out = torch.zeros(loss_mask.shape, dtype=torch.bool, device=loss_mask.device)
-    out[..., :-1] = loss_mask[..., 1:] == 1
-    return out
-
-
-def target_positions(loss_mask: torch.Tensor) -> torch.Tensor:
-    """``[n_sup]`` int64, ascending: the ``p`` with ``loss_mask[p+1] == 1`` for a ``[T]`` mask."""
-    return torch.nonzero(target_mask(loss_mask), as_tuple=False).flatten().to(torch.int64)

@@ -22,7 +22,8 @@ from typing import Any, Sequence
 import torch
 
 from specdraft.core.errors import ConfigError
-from specdraft.extract.batching import Padded, target_mask
+from specdraft.core.conventions import supervised_mask
+from specdraft.extract.batching import Padded
 from specdraft.extract.storage import Codec, encode
 
 CONVENTION = (
@@ -140,7 +141,7 @@ def capture_packed(model: Any, padded: Padded, aux_ids: Sequence[int], codec: Co
     aux, final = capture(model, padded.input_ids, padded.attention_mask, padded.position_ids,
                          aux_ids)  # [B, T, n_aux, H], [B, T, H]
     valid = padded.attention_mask.bool().to(aux.device)  # [B, T]
-    sup = target_mask(padded.loss_mask).to(aux.device) & valid  # [B, T]
+    sup = supervised_mask(padded.loss_mask).to(aux.device) & valid  # [B, T]
     aux_enc = encode(aux[valid], codec)  # [ΣT, n_aux·H]
     final_enc = encode(final[sup][:, None, :], codec)  # [Σn_sup, H]
     return Packed(lengths=padded.lengths.tolist(), n_sup=sup.sum(dim=1).tolist(),

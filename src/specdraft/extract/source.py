@@ -17,9 +17,10 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
+from specdraft.core.conventions import supervised_positions
 from specdraft.core.errors import InputError, StageDirError
 from specdraft.core.manifest import read_manifest
-from specdraft.extract.batching import pad_rows, target_positions
+from specdraft.extract.batching import pad_rows
 from specdraft.extract.capture import capture_packed, check_aux_ids, decoder_parts
 from specdraft.extract.storage import CODECS, ShardReader, decode
 
@@ -111,7 +112,7 @@ class DiskSource:
             entry = self._entries[i]
             r = self._reader.read(entry)
             rows.append(Row(entry["key"], r["input_ids"], r["loss_mask"], r["aux"], r["final"],
-                            target_positions(r["loss_mask"])))
+                            supervised_positions(r["loss_mask"])))
         return rows
 
 
@@ -165,7 +166,7 @@ class OnlineSource:
             T, n = packed.lengths[b], packed.n_sup[b]
             mask = padded.loss_mask[b, :T].to(self.row_device)
             rows.append(Row(self._keys[i], padded.input_ids[b, :T].to(self.row_device), mask,
-                            aux[t0:t0 + T], final[s0:s0 + n], target_positions(mask)))
+                            aux[t0:t0 + T], final[s0:s0 + n], supervised_positions(mask)))
             t0, s0 = t0 + T, s0 + n
         return rows
 

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from specdraft.core.chat import DEFAULT_THINK
 from specdraft.core.config import StageConfig
 
 #: Input field kinds and the column each is read from by default (override with ``--field``).
@@ -59,8 +60,8 @@ class GenerateConfig(StageConfig):
     fields: dict[str, str] = Field(default_factory=dict)
     limit: int | None = Field(None, ge=1)
     # reasoning
-    think_open: str = Field("<think>", min_length=1)
-    think_close: str = Field("</think>", min_length=1)
+    think_open: str = Field(DEFAULT_THINK[0], min_length=1)
+    think_close: str = Field(DEFAULT_THINK[1], min_length=1)
     require_reasoning: bool = False
     malformed_think: Literal["reject", "keep"] = "reject"
     # finish_reason=length: reject (default), or keep the cut answer (prepare then supervises

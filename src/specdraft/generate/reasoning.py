@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from specdraft.core.chat import DEFAULT_THINK, SERVER_REASONING_FIELDS
+
 
 @dataclass(frozen=True)
 class Split:
@@ -32,7 +34,8 @@ def _nonempty(value: Any) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
-def split_inline(text: str, *, open_tag: str = "<think>", close_tag: str = "</think>") -> Split:
+def split_inline(text: str, *, open_tag: str = DEFAULT_THINK[0],
+                 close_tag: str = DEFAULT_THINK[1]) -> Split:
     """Split ``open_tag … close_tag`` out of ``text``.
 
     - no tags: all of ``text`` is the answer, source ``"none"``;
@@ -69,8 +72,8 @@ def _problem(text: str, n_open: int, n_close: int, open_tag: str, close_tag: str
     return None
 
 
-def extract(message: dict[str, Any], *, open_tag: str = "<think>",
-            close_tag: str = "</think>") -> Split:
+def extract(message: dict[str, Any], *, open_tag: str = DEFAULT_THINK[0],
+            close_tag: str = DEFAULT_THINK[1]) -> Split:
     """Reasoning and answer of an OpenAI chat ``message`` (``choices[0].message``).
 
     When ``reasoning`` and ``reasoning_content`` hold the same text it is kept once; when they
@@ -80,14 +83,15 @@ def extract(message: dict[str, Any], *, open_tag: str = "<think>",
     content = message.get("content") or ""
     if not isinstance(content, str):
         content = str(content)
-    for key in ("reasoning", "reasoning_content"):
+    first, second = SERVER_REASONING_FIELDS
+    for key in SERVER_REASONING_FIELDS:
         text = _nonempty(message.get(key))
         if text is None:
             continue
         problem = None
-        other = _nonempty(message.get("reasoning_content")) if key == "reasoning" else None
+        other = _nonempty(message.get(second)) if key == first else None
         if other is not None and other.strip() != text.strip():
-            problem = "reasoning and reasoning_content differ; kept reasoning"
+            problem = f"{first} and {second} differ; kept {first}"
         if close_tag in content:
             problem = f"{close_tag} in content although the server parsed reasoning"
         return Split(content=content.strip(), reasoning=text.strip(), source=key,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.core.chat import message_for_request
+from specdraft.core.chat import DEFAULT_THINK, message_for_request
 from specdraft.generate.client import TurnOutput
 from specdraft.generate.inputs import Prompt
 from specdraft.generate.reasoning import Split, extract
@@ -24,8 +24,8 @@ REASONS = ("truncated", "malformed_think", "empty_answer", "empty_reasoning", "e
 class Checks:
     """What makes a turn a reject: think tags, ``require_reasoning``, ``malformed_think``."""
 
-    open_tag: str = "<think>"
-    close_tag: str = "</think>"
+    open_tag: str = DEFAULT_THINK[0]
+    close_tag: str = DEFAULT_THINK[1]
     require_reasoning: bool = False
     malformed_think: str = "reject"
     keep_truncated: bool = False

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specdraft.core.conventions import supervised_positions
 from specdraft.core.errors import InputError
 from specdraft.train.objective import TrainBatch, verifier_targets
 
@@ -112,7 +113,7 @@ def check_row(row: Any) -> None:
     if row.loss_mask.shape != (T,) or row.aux_hidden.shape[0] != T:
         raise InputError(f"row {row.key}: input_ids [{T}] but loss_mask "
                          f"{list(row.loss_mask.shape)}, aux_hidden {list(row.aux_hidden.shape)}")
-    want = torch.nonzero(row.loss_mask[1:] == 1).flatten()
+    want = supervised_positions(row.loss_mask)
     got = row.target_positions.to(torch.long)
     if not torch.equal(got.cpu(), want.cpu()) or row.final_hidden.shape[0] != got.numel():
         raise InputError(f"row {row.key}: target_positions/final_hidden "

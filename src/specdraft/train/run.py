@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from specdraft.core.conventions import vocab_map_problems
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
@@ -35,11 +36,9 @@ def load_vocab_map(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
         raise InputError(f"{path} not found; run `specdraft vocab --run-dir {run_dir}` first")
     tensors = load_file(str(path))
     d2t, t2d = tensors["d2t"].long(), tensors["t2d"].bool()
-    ids = torch.arange(d2t.numel()) + d2t
-    if ids.min() < 0 or ids.max() >= t2d.numel() or not t2d[ids].all() \
-            or int(t2d.sum()) != d2t.numel() or ids.unique().numel() != ids.numel():
-        raise InputError(f"{path}: d2t and t2d disagree (draft id + d2t must map onto the "
-                         f"{int(t2d.sum())} distinct ids marked in t2d)")
+    problems = vocab_map_problems(d2t, t2d)
+    if problems:
+        raise InputError(f"{path}: {'; '.join(problems)}")
     return d2t, t2d
 
 

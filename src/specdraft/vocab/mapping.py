@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdraft.core.conventions import vocab_map_problems
+
 
 def count_supervised(input_ids: np.ndarray, loss_mask: np.ndarray, vocab_size: int) -> np.ndarray:
     """Counts [V] int64 of the token ids where ``loss_mask == 1``.
@@ -63,14 +65,9 @@ def build_maps(selected: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.nd
 def validate_maps(d2t: np.ndarray, t2d: np.ndarray) -> None:
     """Raise ValueError unless targets ``arange(K) + d2t`` strictly increase inside [0, V),
     ``t2d.sum() == K`` and ``t2d`` is True exactly at those targets."""
-    k, v = len(d2t), len(t2d)
-    targets = np.arange(k, dtype=np.int64) + d2t                       # [K]
-    if k and (targets[0] < 0 or targets[-1] >= v):
-        raise ValueError(f"draft targets outside [0, {v})")
-    if np.any(np.diff(targets) <= 0):
-        raise ValueError("draft targets are not strictly increasing")
-    if int(t2d.sum()) != k or not t2d[targets].all():
-        raise ValueError(f"t2d marks {int(t2d.sum())} ids, expected the {k} draft targets")
+    problems = vocab_map_problems(d2t, t2d)
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def coverage(counts: np.ndarray, t2d: np.ndarray) -> float:
