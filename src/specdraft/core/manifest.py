@@ -35,6 +35,18 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def path_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, or of a directory's files (relative path and content hash of
+    each, sorted): the ``inputs`` hash of a user file or ``save_to_disk`` directory."""
+    path = Path(path)
+    if not path.is_dir():
+        return file_sha256(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}:{file_sha256(f)}\n".encode())
+    return h.hexdigest()
+
+
 def manifest_path(stage_dir: str | os.PathLike) -> Path:
     return Path(stage_dir) / MANIFEST
 

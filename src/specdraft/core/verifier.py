@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,52 @@ def load_verifier(path: str | os.PathLike, *, dtype: str = "auto", device: str =
     if device_map is None:
         model = model.to(device)
     return model.eval()
+
+
+def resolve_device(device: str | None) -> str:
+    """``"auto"`` or None → ``"cuda"`` when a GPU is visible, else ``"cpu"``; others unchanged."""
+    if device in (None, "auto"):
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+@dataclass(frozen=True)
+class VerifierSpec:
+    """How a stage wants the verifier loaded: every setting that changes the model object.
+
+    Built from a stage config's fields (:meth:`of`); two specs are equal iff the loaded models
+    would be the same, so ``specdraft run`` shares one model between exactly the stages whose
+    specs are equal (``dtype="auto"`` and ``device="auto"`` are resolved first).
+    """
+
+    path: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    device_map: str | None = None
+    trust_remote_code: bool = False
+
+    @classmethod
+    def of(cls, config: Any) -> "VerifierSpec":
+        """The spec of a stage config with ``verifier`` and some of ``dtype``, ``device``,
+        ``device_map``, ``trust_remote_code`` fields (absent ones take the loader's defaults)."""
+        device = resolve_device(getattr(config, "device", None))
+        dtype = getattr(config, "dtype", "auto")
+        if dtype == "auto":
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        return cls(path=str(config.verifier), dtype=dtype, device=device,
+                   device_map=getattr(config, "device_map", None),
+                   trust_remote_code=bool(getattr(config, "trust_remote_code", False)))
+
+    def differences(self, other: "VerifierSpec") -> list[str]:
+        """``["dtype float32 -> bfloat16", ...]`` for the settings that differ."""
+        return [f"{f.name} {getattr(self, f.name)} -> {getattr(other, f.name)}"
+                for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+    def load(self) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` loaded with these settings."""
+        model = load_verifier(self.path, dtype=self.dtype, device=self.device,
+                              device_map=self.device_map,
+                              trust_remote_code=self.trust_remote_code)
+        return model, load_tokenizer(self.path, trust_remote_code=self.trust_remote_code)

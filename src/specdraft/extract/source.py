@@ -18,7 +18,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from specdraft.core.conventions import supervised_positions
-from specdraft.core.errors import InputError, StageDirError
+from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.manifest import read_manifest
 from specdraft.extract.batching import pad_rows
 from specdraft.extract.capture import capture_packed, check_aux_ids, decoder_parts
@@ -116,6 +116,17 @@ class DiskSource:
         return rows
 
 
+def check_on_device(model: Any, device: str | torch.device | None) -> None:
+    """Raise :class:`ConfigError` unless ``model``'s weights are on ``device`` (None: anywhere).
+    ``"cuda"`` matches any CUDA device index the model was loaded on."""
+    if device is None:
+        return
+    want, have = torch.device(device), model.get_input_embeddings().weight.device
+    if want.type != have.type or (want.index is not None and want.index != have.index):
+        raise ConfigError(f"the verifier is on {have}, but this stage runs it on {want}: load "
+                          f"it there (--device {want})")
+
+
 class OnlineSource:
     """Rows computed by the verifier on demand: one padded forward per :meth:`get_batch`.
 
@@ -123,8 +134,8 @@ class OnlineSource:
     prepare dataset (an HF ``Dataset`` or its directory). ``storage`` (a codec name of
     :data:`specdraft.extract.storage.CODECS`) rounds values exactly as extraction would store
     them (``"bf16"`` → identical to a bf16 extract); ``"fp32"`` keeps the model's values.
-    ``device`` is where the verifier runs (its input-embedding device by default); rows are
-    returned on ``row_device``.
+    ``device``, when given, is where the verifier must already be (the model is never moved:
+    it may be shared with other stages); rows are returned on ``row_device``.
     """
 
     def __init__(self, model: Any, dataset: Any, aux_layer_ids: Sequence[int], *,
@@ -133,8 +144,7 @@ class OnlineSource:
         if isinstance(dataset, (str, os.PathLike)):
             from datasets import load_from_disk
             dataset = load_from_disk(str(dataset))
-        if device is not None:
-            model = model.to(device)
+        check_on_device(model, device)
         self.model, self.dataset = model, dataset
         self.aux_layer_ids = check_aux_ids(aux_layer_ids, len(decoder_parts(model)[1]))
         self.hidden_size = int(model.config.hidden_size)

@@ -4,12 +4,15 @@ A stage is *complete* when its manifest exists, its config hash equals the one t
 now, and the upstream manifests it recorded as inputs are the current ones. A complete stage is
 skipped; a changed stage reruns from scratch (``overwrite``) along with everything after it; a
 stage interrupted by Ctrl-C or a crash (output present, no manifest, same config as when it
-started) is continued with ``resume``. The config hash each stage was started with is kept in
+started) is continued with ``resume``. An input file edited in place (its content hash differs
+from the manifest's) makes its stage stale too. Stages that run the verifier get it through
+:class:`SharedVerifier`, loaded once per distinct set of loading settings. The config hash each stage was started with is kept in
 ``RUN/run/state.json``; the pipeline's own manifest and summary go to ``RUN/run/``.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -18,9 +21,10 @@ from typing import Any, TextIO
 from specdraft.core.atomic import atomic_write_json
 from specdraft.core.config import StageConfig
 from specdraft.core.errors import ConfigError
-from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, read_manifest,
-                                     utc_now)
+from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, path_sha256,
+                                     read_manifest, utc_now)
 from specdraft.core.rundir import stage_dir
+from specdraft.core.verifier import VerifierSpec
 from specdraft.pipeline.config import PipelineConfig
 from specdraft.pipeline.stages import STAGE_NAMES, STAGES, StageSpec
 from specdraft.pipeline.summary import FIGURES, format_summary
@@ -30,33 +34,50 @@ STATE_FILE = "state.json"
 
 def stage_state(run_dir: str, spec: StageSpec, config: StageConfig,
                 started: dict[str, str]) -> str:
-    """``"complete"``, ``"partial"`` (resumable), ``"stale"`` (must rerun) or ``"absent"``."""
+    """``"complete"``, ``"partial"`` (resumable), ``"stale"`` (must rerun) or ``"absent"``.
+
+    Complete needs the same config hash, the current upstream manifests and, for the user files
+    the stage read (prompts, ``--data``), the same content hash as recorded: a prompt file
+    edited in place reruns its stage."""
     path = stage_dir(run_dir, spec.name)
     manifest = read_manifest(path)
     if manifest is not None:
-        recorded = set(manifest.get("inputs", {}).values())
-        fresh = all(input_hash(stage_dir(run_dir, up)) in recorded for up in spec.upstream
-                    if (stage_dir(run_dir, up) / MANIFEST).exists())
+        recorded = manifest.get("inputs", {})
+        fresh = all(input_hash(stage_dir(run_dir, up)) in set(recorded.values())
+                    for up in spec.upstream if (stage_dir(run_dir, up) / MANIFEST).exists())
+        files_same = all(path_sha256(path) == recorded.get(name)
+                         for name, path in spec.input_files(config).items())
         same = manifest.get("config_hash") == config.config_hash()
-        return "complete" if same and fresh else "stale"
+        return "complete" if same and fresh and files_same else "stale"
     if path.exists() and any(path.iterdir()):
         return "partial" if started.get(spec.name) == config.config_hash() else "stale"
     return "absent"
 
 
 class SharedVerifier:
-    """Loads the verifier (model and tokenizer) on first use, once for the whole pipeline."""
+    """The verifier of the pipeline's stages, loaded on first use with the settings of the stage
+    asking (its :class:`~specdraft.core.verifier.VerifierSpec`) and shared by every later stage
+    asking with equal settings. A stage asking differently (another ``dtype``, ``device``,
+    ``device_map``, ``trust_remote_code`` or path) gets a model loaded its way, the previous one
+    released first; no stage's model is ever moved or cast in place for another."""
 
-    def __init__(self, path: str, device: str) -> None:
-        self.path, self.device = path, device
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.spec: VerifierSpec | None = None
+        self.loads = 0
         self._loaded: tuple[Any, Any] | None = None
 
-    def get(self) -> tuple[Any, Any]:
-        if self._loaded is None:
-            from specdraft.core.verifier import load_tokenizer, load_verifier
-
-            self._loaded = (load_verifier(self.path, device=self.device),
-                            load_tokenizer(self.path))
+    def get(self, spec: VerifierSpec, stage: str) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` loaded as ``spec`` says."""
+        if self._loaded is not None and spec == self.spec:
+            return self._loaded
+        if self.spec is not None:
+            print(f"[run] {stage}: loading the verifier its own way "
+                  f"({'; '.join(self.spec.differences(spec))})", file=self.stream)
+        self._loaded = None
+        gc.collect()
+        self._loaded, self.spec = spec.load(), spec
+        self.loads += 1
         return self._loaded
 
 
@@ -86,7 +107,7 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
     run_dir = config.run_dir
     state_path = stage_dir(run_dir, "run") / STATE_FILE
     started = json.loads(state_path.read_text()) if state_path.exists() else {}
-    verifier = SharedVerifier(config.verifier, config.device)
+    verifier = SharedVerifier(stream)
     actions: dict[str, str] = {}
     upstream_ran = False
     for spec in _select(from_stage, until):
@@ -115,7 +136,7 @@ def _run_stage(spec: StageSpec, cfg: StageConfig, *, resume: bool,
     cfg = cfg.model_copy(update={k: v for k, v in control.items() if k in type(cfg).model_fields})
     kwargs = {}
     if spec.uses_verifier(cfg):
-        model, tokenizer = verifier.get()
+        model, tokenizer = verifier.get(VerifierSpec.of(cfg), spec.name)
         kwargs["verifier"] = (model, tokenizer) if spec.verifier_arg == "pair" else model
     return spec.load_entry()(cfg, **kwargs)
 

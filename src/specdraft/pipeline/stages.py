@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
+
+from specdraft.core.assets import resolve_path
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,9 @@ class StageSpec:
     ``config_cls`` and ``entry`` are ``"module:attribute"`` strings; ``upstream`` lists the
     stages whose manifests are this stage's inputs; ``uses_verifier(config)`` says whether the
     stage runs the verifier in-process with that config; ``verifier_arg`` is what its entry's
-    ``verifier=`` takes: ``"model"`` (the HF model) or ``"pair"`` (``(model, tokenizer)``).
+    ``verifier=`` takes: ``"model"`` (the HF model) or ``"pair"`` (``(model, tokenizer)``);
+    ``input_files(config)`` names the user files it reads, keyed as in its manifest's ``inputs``
+    (their content hashes decide, with the config hash, whether it is complete).
     """
 
     name: str
@@ -28,6 +33,7 @@ class StageSpec:
     upstream: tuple[str, ...]
     uses_verifier: Callable[[Any], bool]
     verifier_arg: str = "model"
+    input_files: Callable[[Any], dict[str, Path]] = lambda c: {}
 
     def load_config_cls(self) -> type:
         return _resolve(self.config_cls)
@@ -43,9 +49,11 @@ def _resolve(ref: str) -> Any:
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("generate", "specdraft.generate.config:GenerateConfig",
-              "specdraft.generate.run:run", (), lambda c: c.backend == "local", "pair"),
+              "specdraft.generate.run:run", (), lambda c: c.backend == "local", "pair",
+              lambda c: {"prompts": resolve_path(c.prompts)}),
     StageSpec("prepare", "specdraft.prepare.config:PrepareConfig",
-              "specdraft.prepare.run:run", ("generate",), lambda c: False),
+              "specdraft.prepare.run:run", ("generate",), lambda c: False,
+              input_files=lambda c: {"data": Path(c.data)} if c.data else {}),
     StageSpec("vocab", "specdraft.vocab.config:VocabConfig",
               "specdraft.vocab.run:run", ("prepare",), lambda c: False),
     StageSpec("extract", "specdraft.extract.config:ExtractConfig",
@@ -55,7 +63,8 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("export", "specdraft.export.config:ExportConfig",
               "specdraft.export.run:run", ("train",), lambda c: False),
     StageSpec("eval", "specdraft.eval.config:EvalConfig",
-              "specdraft.eval.run:run", ("export",), lambda c: True),
+              "specdraft.eval.run:run", ("export",), lambda c: c.server is None,
+              input_files=lambda c: {"prompts": resolve_path(c.prompts)}),
 )
 
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)

@@ -17,7 +17,7 @@ from typing import Any
 from specdraft.core.chat import (CHAT_FORMAT_FILE, ChatFormat, Renderer, added_token_ids,
                                  byte_fallback_ids, message_reasoning, template_special_ids)
 from specdraft.core.errors import ConfigError, InputError
-from specdraft.core.manifest import StageClock, file_sha256, input_hash, write_manifest
+from specdraft.core.manifest import StageClock, input_hash, path_sha256, write_manifest
 from specdraft.core.rejects import Rejects
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
 from specdraft.prepare.config import PrepareConfig
@@ -88,20 +88,10 @@ def input_files(config: PrepareConfig) -> tuple[Path, dict[str, str]]:
         path = Path(config.data)
         if not path.exists():
             raise ConfigError(f"--data {path}: not found")
-        digest = file_sha256(path) if path.is_file() else _dir_hash(path)
-        return path, {"data": digest}
+        return path, {"data": path_sha256(path)}
     require_stage(config.run_dir, "generate")
     gen = stage_dir(config.run_dir, "generate")
     return gen / "samples.jsonl", {"generate": input_hash(gen)}
-
-
-def _dir_hash(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f"{f.relative_to(path)}:{file_sha256(f)}\n".encode())
-    return h.hexdigest()
 
 
 class _Job:

@@ -92,7 +92,7 @@ def open_source(cfg: TrainConfig, verifier: Any, env: DistEnv) -> tuple[Any, Any
 
     require_stage(cfg.run_dir, "prepare")
     if verifier is None:
-        verifier = load_verifier(cfg.verifier, device=str(env.device))
+        verifier = load_verifier(cfg.verifier, dtype=cfg.dtype, device=str(env.device))
     n = num_layers(verifier)
     aux = check_aux_ids(cfg.aux_layers, n) if cfg.aux_layers else default_aux_ids(n)
     dataset = datasets.load_from_disk(str(stage_dir(cfg.run_dir, "prepare") / "dataset"))

@@ -1,0 +1,101 @@
+"""`specdraft run`'s own rules, with every stage replaced by a recorder (fast, no models): each
+stage gets the verifier loaded the way ITS section says (shared only between equal settings),
+and an input file edited in place reruns its stage and everything after it."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from specdraft.core.manifest import StageClock, input_hash, path_sha256, write_manifest
+from specdraft.core.verifier import VerifierSpec
+from specdraft.pipeline import stages
+from specdraft.pipeline.config import PipelineConfig
+from specdraft.pipeline.run import run
+
+SKIPPED = "skipped (complete)"
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    """Replace stage entries and the verifier loader; return the calls made."""
+    calls: list[tuple[str, object]] = []
+
+    def fake_load(self):
+        return SimpleNamespace(spec=self), f"tokenizer of {self.path}"
+
+    def load_entry(spec):
+        def entry(cfg, verifier=None):
+            calls.append((spec.name, verifier))
+            out = Path(cfg.run_dir) / spec.name
+            out.mkdir(parents=True, exist_ok=True)
+            inputs = {up: input_hash(Path(cfg.run_dir) / up) for up in spec.upstream
+                      if (Path(cfg.run_dir) / up / "manifest.json").exists()}
+            inputs |= {name: path_sha256(p) for name, p in spec.input_files(cfg).items()}
+            return write_manifest(out, stage=spec.name, config=cfg, clock=StageClock(),
+                                  inputs=inputs)
+        return entry
+
+    monkeypatch.setattr(VerifierSpec, "load", fake_load)
+    monkeypatch.setattr(stages.StageSpec, "load_entry", load_entry)
+    return calls
+
+
+def config(tmp_path: Path, **sections) -> PipelineConfig:
+    prompts = tmp_path / "prompts.jsonl"
+    if not prompts.exists():
+        prompts.write_text('{"question": "What is 2 + 2?"}\n')
+    cfg = {"run_dir": str(tmp_path / "run"), "verifier": "/models/v",
+           "generate": {"prompts": str(prompts)}, "train": {"max_steps": 1},
+           "eval": {"prompts": str(prompts)}}
+    for name, values in sections.items():
+        cfg[name] = {**cfg.get(name, {}), **values}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return PipelineConfig.from_yaml(path)
+
+
+def test_each_stage_gets_the_verifier_its_section_asks_for(tmp_path, recorder):
+    stream = io.StringIO()
+    run(config(tmp_path, eval={"dtype": "bfloat16"}), stream=stream)
+    got = {name: v for name, v in recorder if v is not None}
+    assert sorted(got) == ["eval", "extract", "generate"]   # train is offline: no verifier
+    gen_model, _ = got["generate"]
+    assert got["extract"] is gen_model                        # equal settings: one model
+    assert gen_model.spec == VerifierSpec(path="/models/v", dtype="float32", device="cpu")
+    assert got["eval"].spec.dtype == "bfloat16"               # eval's own setting is honoured
+    assert "eval: loading the verifier its own way (dtype float32 -> bfloat16)" in \
+        stream.getvalue()
+
+
+def test_a_stage_with_its_own_verifier_path(tmp_path, recorder):
+    run(config(tmp_path, extract={"verifier": "/models/other", "trust_remote_code": True}),
+        stream=io.StringIO())
+    got = {name: v for name, v in recorder if v is not None}
+    assert got["generate"][0].spec.path == "/models/v"
+    assert got["extract"].spec == VerifierSpec(path="/models/other", trust_remote_code=True)
+    assert got["eval"].spec.path == "/models/v"
+
+
+def test_an_edited_input_file_reruns_its_stage(tmp_path, recorder):
+    cfg = config(tmp_path)
+    first = run(cfg, stream=io.StringIO())
+    assert set(first["actions"].values()) == {"ran"}
+    assert set(run(cfg, stream=io.StringIO())["actions"].values()) == {SKIPPED}
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"question": "What is 3 + 3?"}\n')       # same path, new content
+    third = run(cfg, stream=io.StringIO())
+    assert set(third["actions"].values()) == {"ran"}            # generate reruns, and all after
+
+    eval_prompts = tmp_path / "eval.jsonl"
+    eval_prompts.write_text('{"question": "Name a prime."}\n')
+    cfg = config(tmp_path, eval={"prompts": str(eval_prompts)})
+    assert run(cfg, stream=io.StringIO())["actions"]["eval"] == "ran"
+    eval_prompts.write_text('{"question": "Name an even prime."}\n')
+    fourth = run(cfg, stream=io.StringIO())["actions"]
+    assert fourth["eval"] == "ran"
+    assert {v for k, v in fourth.items() if k != "eval"} == {SKIPPED}
