@@ -41,7 +41,7 @@ def test_demo_pipeline_on_the_real_gguf(tmp_path):
 
     assert m["generate"]["summary"]["generated"] == 16
     assert m["prepare"]["summary"]["tokenized"] == 16
-    assert m["prepare"]["stop_tokens"] == ["<|im_end|>"]
+    assert m["prepare"]["chat_format"]["stop_tokens"] == ["<|im_end|>"]
     maps = load_file(str(rd / "vocab" / "vocab_map.safetensors"))
     assert maps["d2t"].shape == (1024,) and int(maps["t2d"].sum()) == 1024
     assert m["extract"]["aux_layer_ids"] == [2, 15, 27] and m["extract"]["n_layers"] == 30
