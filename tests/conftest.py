@@ -147,3 +147,4 @@ def think_tokenizer(think_tokenizer_dir):
 @pytest.fixture(scope="session")
 def think_template() -> str:
     return THINK_TEMPLATE
+

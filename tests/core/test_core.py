@@ -66,7 +66,29 @@ def test_manifest_roundtrip_and_require(tmp_path):
     m = read_manifest(d)
     assert m["counts"] == {"out": 3} and m["config"] == {"run_dir": str(tmp_path), "max_tokens": 16}
     assert m["config_hash"] == cfg.config_hash() == _Cfg(**m["config"]).config_hash()
-    assert require_stage(tmp_path, "generate")["stage"] == "generate"
+    typed = require_stage(tmp_path, "generate")
+    assert type(typed).__name__ == "GenerateManifest" and typed.counts == {"out": 3}
+
+
+def test_typed_manifest_names_the_missing_key(tmp_path):
+    import json
+
+    from specdraft.core.errors import InputError
+
+    d = tmp_path / "extract"
+    d.mkdir()
+    base = {"stage": "extract", "config": {}, "config_hash": "x", "started_at": "t",
+            "finished_at": "t", "elapsed_s": 1.0, "n_layers": 4, "hidden_size": 8,
+            "vocab_size": 10, "storage": {"format": "bf16"}}
+    (d / "manifest.json").write_text(json.dumps(base))      # aux_layer_ids missing
+    with pytest.raises(InputError, match=r"extract/manifest.json: key `aux_layer_ids`: "
+                                         r"Field required"):
+        require_stage(tmp_path, "extract")
+    (d / "manifest.json").write_text(json.dumps({**base, "aux_layer_ids": [1, 2, 3]}))
+    assert require_stage(tmp_path, "extract").aux_layer_ids == [1, 2, 3]
+    (d / "manifest.json").write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        require_stage(tmp_path, "extract")
 
 
 def test_config_error_names_flag():

@@ -69,13 +69,17 @@ def make_run(run: Path, verifier, drafter: Eagle3DraftModel, *, extract_aux=None
     write_manifest(ex, stage="extract", config=FakeStage(), clock=clock,
                    extra={"aux_layer_ids": ids, "n_layers": verifier.config.num_hidden_layers,
                           "hidden_size": verifier.config.hidden_size,
-                          "vocab_size": verifier.config.vocab_size})
+                          "vocab_size": verifier.config.vocab_size,
+                          "storage": {"format": "bf16"}})
     if template_hash is not None:
         (run / "prepare").mkdir(parents=True, exist_ok=True)
         write_chat_format(run, template_hash=template_hash)
-        write_manifest(run / "prepare", stage="prepare", config=FakeStage(), clock=clock)
+        write_manifest(run / "prepare", stage="prepare", config=FakeStage(), clock=clock,
+                       extra={"verifier_vocab_size": verifier.config.vocab_size,
+                              "tokenizer": {}, "chat_format": {}, "forced_token_ids": {}})
     save_drafter(drafter, run / "train" / "best")
-    write_manifest(run / "train", stage="train", config=FakeStage(), clock=clock)
+    write_manifest(run / "train", stage="train", config=FakeStage(), clock=clock,
+                   extra={"steps": 1, "drafter_config": drafter.config.to_dict()})
     return run
 
 

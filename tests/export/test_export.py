@@ -2,6 +2,7 @@
 problem is listed before anything is written."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -132,7 +133,8 @@ def four_aux_drafter(tmp_path, extract_ids):
     run_dir = tmp_path / "run"
     save_drafter(m, run_dir / "train" / "best")
     write_manifest(run_dir / "extract", stage="extract", config=FakeStage(), clock=StageClock(),
-                   extra={"aux_layer_ids": extract_ids, "n_layers": 12})
+                   extra={"aux_layer_ids": extract_ids, "n_layers": 12, "hidden_size": 8,
+                          "vocab_size": 40, "storage": {"format": "bf16"}})
     return run_dir
 
 
@@ -155,3 +157,20 @@ def test_mismatching_extraction_manifest_refused(tmp_path):
     run_dir = four_aux_drafter(tmp_path, [2, 4, 6, 9])
     with pytest.raises(ExportRefused, match=r"ids used at extraction \[2, 4, 6, 9\]"):
         export(run_dir, "speculators", embed="omit")
+
+
+def test_every_export_is_listed_with_its_provenance(trained_run):
+    run_dir, _ = trained_run
+    first = export(run_dir, "sglang")
+    second = export(run_dir, "vllm")
+    manifest = json.loads((run_dir / "export" / "manifest.json").read_text())
+    assert manifest["format"] == "vllm" and sorted(manifest["exports"]) == ["sglang", "vllm"]
+    for fmt, m in (("sglang", first), ("vllm", second)):
+        prov = json.loads((run_dir / "export" / fmt / "provenance.json").read_text())
+        assert manifest["exports"][fmt]["out"] == str(run_dir / "export" / fmt)
+        assert prov["stage"] == "export" and prov["format"] == fmt
+        assert prov["config_hash"] == m["config_hash"] == manifest["exports"][fmt]["config_hash"]
+        assert prov["inputs"] == m["inputs"] and set(prov["inputs"]) == {"extract", "train"}
+    shutil.rmtree(run_dir / "export" / "sglang")       # gone from disk: no longer listed
+    assert sorted(export(run_dir, "speculators", verifier_name="v")["exports"]) == \
+        ["speculators", "vllm"]

@@ -36,7 +36,9 @@ def write_prepared(run_dir: Path, input_ids: Sequence[Sequence[int]],
     prep = run_dir / "prepare"
     ds.save_to_disk(str(prep / "dataset"))
     write_manifest(prep, stage="prepare", config=PrepareStub(), clock=StageClock(),
-                   counts={"rows_out": n})
+                   counts={"rows_out": n},
+                   extra={"verifier_vocab_size": 0, "tokenizer": {}, "chat_format": {},
+                          "forced_token_ids": {}})
     return run_dir
 
 

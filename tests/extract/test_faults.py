@@ -56,7 +56,7 @@ def test_resume_after_kill_equals_uninterrupted(tmp_path, tiny_verifier_dir):
     subprocess.run(CLI + flags(clean, tiny_verifier_dir), env=env(), check=True,
                    capture_output=True)
     resumed = DiskSource(killed / "extract").manifest
-    assert resumed["throughput"][0]["shards_resumed"] >= 2  # the 3rd may be unlisted
+    assert resumed.throughput[0]["shards_resumed"] >= 2  # the 3rd may be unlisted
     assert digest(killed / "extract") == digest(clean / "extract")
 
 
@@ -75,7 +75,7 @@ def test_torchrun_two_ranks_equal_one_process(tmp_path, tiny_verifier_dir):
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = DiskSource(one / "extract"), DiskSource(two / "extract")
     assert a.keys() == b.keys()
-    assert b.manifest["world_size"] == 2
+    assert b.manifest.world_size == 2
     names = {p.name.split("-")[0] for p in (two / "extract" / "shards").iterdir()}
     assert names == {"rank00000", "rank00001"}
     strip = lambda e: {k: v for k, v in e.items() if k not in ("shard", "tok", "sup")}  # noqa

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from stubs import write_stub_manifest
+
 
 def write_generate(run_dir: Path, records: list[dict]) -> Path:
     """RUN/generate/samples.jsonl in the shape of docs/run-dir.md, plus a manifest."""
@@ -16,7 +18,7 @@ def write_generate(run_dir: Path, records: list[dict]) -> Path:
     with open(gen / "samples.jsonl", "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    (gen / "manifest.json").write_text(json.dumps({"stage": "generate"}))
+    write_stub_manifest(gen, "generate")
     return gen / "samples.jsonl"
 
 

@@ -66,7 +66,7 @@ def greedy_corpus(model, n: int, prompt_len: int = 6, gen_len: int = 30, seed: i
 def write_vocab(run_dir: Path, samples, vocab_size: int, drop: tuple[int, ...] = ()) -> list[int]:
     """``RUN/vocab``: draft vocab = the loss-masked tokens of ``samples`` (minus ``drop``);
     writes vocab_map.safetensors and a manifest; returns the target ids, ascending."""
-    from specdraft.core.atomic import atomic_write_json
+    from stubs import write_stub_manifest
 
     ids = sorted({t for _, x, m in samples for t, keep in zip(x, m) if keep} - set(drop))
     draft = torch.tensor(ids, dtype=torch.long)
@@ -75,5 +75,5 @@ def write_vocab(run_dir: Path, samples, vocab_size: int, drop: tuple[int, ...] =
     t2d[draft] = True
     (run_dir / "vocab").mkdir(parents=True, exist_ok=True)
     save_file({"d2t": d2t, "t2d": t2d}, str(run_dir / "vocab" / "vocab_map.safetensors"))
-    atomic_write_json(run_dir / "vocab" / "manifest.json", {"stage": "vocab"})
+    write_stub_manifest(run_dir / "vocab", "vocab")
     return ids

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from stubs import write_stub_manifest
 import torch
 from safetensors.torch import load_file
 
@@ -112,7 +113,7 @@ def test_online_equals_offline(tmp_path, corpus, verifier, source):
         "sample_id": [k.split("/")[0] for k, _, _ in corpus], "turn_index": [0] * len(corpus),
         "seq_len": [len(x) for _, x, _ in corpus], "truncated": [False] * len(corpus)})
     ds.save_to_disk(str(b / "prepare" / "dataset"))
-    atomic_write_json(b / "prepare" / "manifest.json", {"stage": "prepare"})
+    write_stub_manifest(b / "prepare", "prepare")
     kw = dict(max_steps=6, eval_every=3, log_every=1)
     run(cfg(a, **kw), verifier=verifier, source=source)
     m = run(cfg(b, online=True, verifier="in-memory", aux_layers=(1, 2, 3), **kw),

@@ -64,6 +64,11 @@ def test_validate_rejects_bad_maps():
 def _fake_prepare(run_dir, rows, vocab_size):
     import datasets
 
+    from specdraft.core.config import StageConfig
+    from specdraft.core.manifest import StageClock, write_manifest
+
+    class FakeStage(StageConfig):
+        pass
     from specdraft.prepare.writer import features
 
     prep = run_dir / "prepare"
@@ -73,11 +78,10 @@ def _fake_prepare(run_dir, rows, vocab_size):
         "seq_len": [len(r[0]) for r in rows], "truncated": [False] * len(rows)},
         features=features())
     ds.save_to_disk(str(prep / "dataset"))
-    (prep / "manifest.json").write_text(json.dumps({
-        "stage": "prepare", "verifier_vocab_size": vocab_size,
-        "tokenizer": {"path": "none"},
+    write_manifest(prep, stage="prepare", config=FakeStage(), clock=StageClock(), extra={
+        "verifier_vocab_size": vocab_size, "tokenizer": {"path": "none"}, "chat_format": {},
         "forced_token_ids": {"eos": [0], "stop": [2], "think": [], "template_special": [1, 2],
-                             "byte_fallback": [60, 61]}}))
+                             "byte_fallback": [60, 61]}})
 
 
 def test_vocab_stage(tmp_path):

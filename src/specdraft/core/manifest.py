@@ -20,7 +20,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from specdraft.core.atomic import atomic_write_json
+from specdraft.core.errors import InputError
 
 MANIFEST = "manifest.json"
 _VERSIONED = ("specdraft", "torch", "transformers", "datasets", "safetensors", "httpx", "gguf")
@@ -126,5 +129,208 @@ def write_manifest(stage_dir: str | os.PathLike, *, stage: str, config: Any, clo
         "elapsed_s": clock.elapsed_s(),
         **(extra or {}),
     }
-    atomic_write_json(manifest_path(stage_dir), manifest)
+    parse_manifest(manifest, manifest_path(stage_dir))  # a stage never writes a manifest it
+    atomic_write_json(manifest_path(stage_dir), manifest)  # could not read back
     return manifest
+
+
+# ---------------------------------------------------------------- typed manifests
+# One class per stage: the provenance every manifest carries (:class:`Manifest`) plus, as typed
+# fields, the stage facts that other stages, the CLI and the summary read. Further facts a stage
+# records stay in the JSON (``extra="allow"``) and are documented in docs/run-dir.md. Every read
+# across stages goes through :func:`load_stage_manifest`, so a missing or renamed key is one
+# clear error naming the file and the key, never a KeyError deep inside a stage.
+
+
+class Manifest(BaseModel):
+    """Provenance common to every stage's ``manifest.json`` (see :func:`write_manifest`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, protected_namespaces=())
+    stage: str
+    config: dict[str, Any]
+    config_hash: str
+    argv: list[str] = []
+    versions: dict[str, str] = {}
+    git_revision: str | None = None
+    inputs: dict[str, str] = {}
+    counts: dict[str, Any] = {}
+    started_at: str
+    finished_at: str
+    elapsed_s: float
+
+    def figures(self) -> str:
+        """One line of the stage's key figures, for the CLI and the run summary."""
+        return ""
+
+
+def _rejects(by_reason: dict[str, int] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (by_reason or {}).items()) or "none"
+
+
+def _rates(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
+
+
+class GenerateManifest(Manifest):
+    summary: dict[str, Any] = {}
+
+    def figures(self) -> str:
+        s = self.summary
+        return (f"{s.get('generated', 0)} samples, rejected: {_rejects(s.get('rejected'))}, "
+                f"errors {s.get('errors', 0)}, with reasoning {s.get('with_reasoning', 0)}, "
+                f"{s.get('completion_tokens', 0)} completion tokens "
+                f"(mean {s.get('completion_tokens_mean', 0):.0f})")
+
+
+class ForcedTokenIds(BaseModel):
+    """Ids the draft vocabulary always keeps (recorded by prepare, read by vocab)."""
+
+    model_config = ConfigDict(frozen=True)
+    eos: list[int] = []
+    stop: list[int] = []
+    think: list[int] = []
+    template_special: list[int] = []
+    byte_fallback: list[int] = []
+
+
+class PrepareManifest(Manifest):
+    verifier_vocab_size: int
+    tokenizer: dict[str, Any]
+    chat_format: dict[str, Any]
+    forced_token_ids: ForcedTokenIds
+    summary: dict[str, Any] = {}
+
+    def figures(self) -> str:
+        s = self.summary
+        return (f"{s.get('tokenized', 0)} rows, rejected: "
+                f"{_rejects(s.get('rejected_by_reason'))}, {s.get('total_tokens', 0)} tokens, "
+                f"{s.get('supervised_tokens', 0)} supervised, {s.get('truncated', 0)} truncated")
+
+
+class VocabFacts(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    draft_vocab_size: int
+    verifier_vocab_size: int
+    coverage: float
+
+
+class VocabManifest(Manifest):
+    vocab: VocabFacts
+
+    def figures(self) -> str:
+        v = self.vocab
+        return (f"K = {v.draft_vocab_size} of V = {v.verifier_vocab_size}, "
+                f"coverage {100 * v.coverage:.2f}% of supervised tokens")
+
+
+class StorageFacts(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    format: str
+    bytes_total: int = 0
+    bytes_per_token: float = 0.0
+
+
+class ExtractManifest(Manifest):
+    aux_layer_ids: list[int]
+    n_layers: int
+    hidden_size: int
+    vocab_size: int
+    storage: StorageFacts
+    verifier: dict[str, Any] = {}
+
+    def figures(self) -> str:
+        c, s = self.counts, self.storage
+        return (f"{c.get('rows_out', 0)} rows, {c.get('tokens', 0)} tokens, "
+                f"{s.bytes_total / 2**20:.1f} MiB {s.format} "
+                f"({s.bytes_per_token:.0f} B/token), aux ids {self.aux_layer_ids}")
+
+
+class TrainManifest(Manifest):
+    steps: int
+    best_step: int | None = None
+    best_val: dict[str, Any] | None = None
+    tokens_per_s: float = 0.0
+    drafter_config: dict[str, Any]
+
+    def figures(self) -> str:
+        best = self.best_val or {}
+        return (f"{self.steps} steps, best validation tau-hat {best.get('tau', 0):.3f} "
+                f"(step {self.best_step}), conditional acc per step "
+                f"{_rates(best.get('cond_acc', []))}, {self.tokens_per_s:.0f} tokens/s")
+
+
+class ExportManifest(Manifest):
+    format: str
+    out: str
+    aux_layer_ids: list[int]
+    engine_aux_ids: dict[str, Any] = {}
+    exports: dict[str, dict[str, Any]] = {}
+
+    def figures(self) -> str:
+        return f"{self.format} -> {self.out}, aux ids for engines {self.engine_aux_ids}"
+
+
+class EvalManifest(Manifest):
+    mode: str = "offline"
+    tau: float | None = None
+    acceptance_rate: float | None = None
+    per_position: list[float] = []
+    verify_steps: int | None = None
+    tokens_per_s: float | None = None
+
+    def figures(self) -> str:
+        return (f"tau {self.tau or 0:.3f}, acceptance rate {self.acceptance_rate or 0:.3f}, "
+                f"per-position {_rates(self.per_position)}, {self.verify_steps or 0} verify "
+                f"steps, {self.tokens_per_s or 0:.1f} tokens/s")
+
+
+MANIFEST_TYPES: dict[str, type[Manifest]] = {
+    "generate": GenerateManifest, "prepare": PrepareManifest, "vocab": VocabManifest,
+    "extract": ExtractManifest, "train": TrainManifest, "export": ExportManifest,
+    "eval": EvalManifest,
+}
+
+
+def parse_manifest(data: dict[str, Any], path: str | os.PathLike) -> Manifest:
+    """``data`` as its stage's manifest class; :class:`InputError` naming ``path`` and the first
+    missing or ill-typed key otherwise."""
+    cls = MANIFEST_TYPES.get(str(data.get("stage")), Manifest)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        key = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        raise InputError(f"{path}: key `{key}`: {e['msg']} ({len(err.errors())} problem(s); "
+                         f"written by another specdraft version? re-run that stage)") from None
+
+
+def load_stage_manifest(stage_dir: str | os.PathLike) -> Manifest | None:
+    """The typed manifest of a completed stage, or None when it has not completed.
+
+    Raises :class:`InputError` naming the file when it is not JSON, not an object, or lacks a
+    key its stage's class requires.
+    """
+    path = manifest_path(stage_dir)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise InputError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return parse_manifest(data, path)
+
+
+PROVENANCE = "provenance.json"
+
+
+def write_provenance(artifact_dir: str | os.PathLike, *, stage: str, config: Any,
+                     inputs: dict[str, str] | None = None, **facts: Any) -> dict[str, Any]:
+    """Write ``artifact_dir/provenance.json``: which stage and config made this artifact
+    directory (``train/best``, ``train/last``, ``export/<format>``), from which inputs, when,
+    with which specdraft revision, plus ``facts`` (e.g. the training step)."""
+    record = {"stage": stage, "config_hash": config.config_hash(), "inputs": inputs or {},
+              "git_revision": git_revision(), "written_at": utc_now(), **facts}
+    atomic_write_json(Path(artifact_dir) / PROVENANCE, record)
+    return record

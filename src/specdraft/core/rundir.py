@@ -13,7 +13,7 @@ from typing import Any
 
 from specdraft.core.atomic import remove_stale_tmp
 from specdraft.core.errors import StageDirError
-from specdraft.core.manifest import MANIFEST, read_manifest
+from specdraft.core.manifest import MANIFEST, Manifest, load_stage_manifest
 
 
 def stage_dir(run_dir: str | Path, stage: str) -> Path:
@@ -49,10 +49,11 @@ def open_stage_dir(run_dir: str | Path, stage: str, *, resume: bool = False,
     return path
 
 
-def require_stage(run_dir: str | Path, stage: str) -> dict[str, Any]:
-    """The manifest of the completed upstream ``stage``, or a :class:`StageDirError` saying
-    which command to run first."""
-    manifest = read_manifest(stage_dir(run_dir, stage))
+def require_stage(run_dir: str | Path, stage: str) -> Manifest:
+    """The typed manifest (:data:`specdraft.core.manifest.MANIFEST_TYPES`) of the completed
+    upstream ``stage``, or a :class:`StageDirError` saying which command to run first (an
+    :class:`InputError` naming the key when the manifest lacks one its stage requires)."""
+    manifest = load_stage_manifest(stage_dir(run_dir, stage))
     if manifest is None:
         raise StageDirError(
             f"{stage_dir(run_dir, stage) / MANIFEST} not found: stage `{stage}` has not completed "

@@ -18,6 +18,7 @@ import torch
 
 from specdraft.core.chat import DEFAULT_THINK, ChatFormat
 from specdraft.core.conventions import vocab_map_problems
+from specdraft.core.manifest import ExtractManifest, PrepareManifest
 from specdraft.export.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
 from specdraft.export.reader import DrafterOnDisk
 
@@ -44,8 +45,8 @@ class Subject:
     verifier: Any
     tokenizer: Any
     run_dir: Path | None = None
-    extract: dict[str, Any] | None = None
-    prepare: dict[str, Any] | None = None
+    extract: ExtractManifest | None = None
+    prepare: PrepareManifest | None = None
     chat_format: ChatFormat | None = None
 
     @property
@@ -91,7 +92,8 @@ def _engine_readings(d: DrafterOnDisk) -> dict[str, list[int] | None]:
 
 def check_aux_ids(s: Subject) -> Check:
     """Each engine's reading of the ids (converted to HF hidden_states) = the training ids."""
-    want = [int(i) for i in (s.extract or {}).get("aux_layer_ids") or s.drafter.config.aux_layer_ids]
+    want = [int(i) for i in (s.extract.aux_layer_ids if s.extract else None)
+            or s.drafter.config.aux_layer_ids]
     n = s.vcfg.num_hidden_layers
     problems = []
     for engine, ids in _engine_readings(s.drafter).items():

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.core.errors import InputError
-from specdraft.core.manifest import read_manifest
+from specdraft.core.manifest import load_stage_manifest
 from specdraft.doctor.checks import CHECKS, Subject
 from specdraft.doctor.config import DoctorConfig
 from specdraft.export.reader import read_drafter
@@ -21,9 +21,9 @@ def drafter_path(target: Path) -> Path:
     any other directory is the drafter itself."""
     if not is_run_dir(target):
         return target
-    export = read_manifest(target / "export")
-    if export is not None and Path(export["out"]).exists():
-        return Path(export["out"])
+    export = load_stage_manifest(target / "export")
+    if export is not None and Path(export.out).exists():
+        return Path(export.out)
     if (target / "train" / "best").exists():
         return target / "train" / "best"
     raise InputError(f"{target}: a run directory with neither an export nor train/best")
@@ -40,8 +40,8 @@ def subject(config: DoctorConfig, verifier: Any | None = None) -> Subject:
         verifier=verifier if verifier is not None else load_verifier(config.verifier,
                                                                      dtype=config.dtype),
         tokenizer=load_tokenizer(config.verifier), run_dir=run,
-        extract=read_manifest(run / "extract") if run else None,
-        prepare=read_manifest(run / "prepare") if run else None,
+        extract=load_stage_manifest(run / "extract") if run else None,
+        prepare=load_stage_manifest(run / "prepare") if run else None,
         chat_format=run_chat_format(run))
 
 

@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdraft.core.atomic import atomic_dir, atomic_write_json
-from specdraft.core.errors import StageDirError
-from specdraft.core.manifest import StageClock, input_hash, read_manifest, write_manifest
+from specdraft.core.errors import InputError, StageDirError
+from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, load_stage_manifest,
+                                     utc_now, write_manifest, write_provenance)
 from specdraft.core.rundir import open_stage_dir, stage_dir
 from specdraft.export.config import ExportConfig
 from specdraft.export.formats import FORMAT_SPECS, build_config, rename
@@ -49,13 +50,13 @@ def upstream_facts(config: ExportConfig) -> dict[str, Any]:
                              "architectures": [], "inputs": {}}
     if config.run_dir is not None:
         for stage in ("extract", "train"):
-            if read_manifest(stage_dir(config.run_dir, stage)) is not None:
+            if (stage_dir(config.run_dir, stage) / MANIFEST).exists():
                 facts["inputs"][stage] = input_hash(stage_dir(config.run_dir, stage))
-        ex = read_manifest(stage_dir(config.run_dir, "extract"))
+        ex = load_stage_manifest(stage_dir(config.run_dir, "extract"))
         if ex is not None:
-            facts["extract_ids"] = [int(i) for i in ex.get("aux_layer_ids") or []] or None
-            facts["n_layers"] = ex.get("n_layers")
-            facts["verifier_name"] = facts["verifier_name"] or ex.get("config", {}).get("verifier")
+            facts["extract_ids"] = [int(i) for i in ex.aux_layer_ids] or None
+            facts["n_layers"] = ex.n_layers
+            facts["verifier_name"] = facts["verifier_name"] or ex.config.get("verifier")
         head = stage_dir(config.run_dir, "extract") / HEAD_FILE
         if head.exists():
             facts["embed"] = load_file(str(head)).get("embed_tokens.weight")
@@ -150,16 +151,22 @@ def run(config: ExportConfig) -> dict[str, Any]:
                              n_layers=facts["n_layers"])
     if problems:
         raise ExportRefused(problems)
-    manifest_dir = out
+    manifest_dir, exports = out, {}
     if config.run_dir is not None:
+        exports = _earlier_exports(stage_dir(config.run_dir, STAGE))
         manifest_dir = open_stage_dir(config.run_dir, STAGE, resume=True)
     with atomic_dir(out) as tmp:
         atomic_write_json(tmp / EXPORT_CONFIG, cfg)
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
+        write_provenance(tmp, stage=STAGE, config=config, inputs=facts["inputs"],
+                         format=config.format, source=str(src.path))
+    exports[config.format] = {"out": str(out), "config_hash": config.config_hash(),
+                              "finished_at": utc_now()}
     return write_manifest(
         manifest_dir, stage=STAGE, config=config, clock=clock, inputs=facts["inputs"],
         counts={"tensors": len(tensors), "parameters": sum(t.numel() for t in tensors.values())},
-        extra={"format": config.format, "out": str(out), "source": str(src.path),
+        extra={"format": config.format, "out": str(out), "exports": exports,
+               "source": str(src.path),
                "aux_layer_ids": list(src.config.aux_layer_ids), "aux_convention": AUX_CONVENTION,
                "engine_aux_ids": {"top_level": cfg.get("eagle_aux_hidden_state_layer_ids"),
                                   "eagle_config": (cfg.get("eagle_config") or {}).get(
@@ -167,3 +174,16 @@ def run(config: ExportConfig) -> dict[str, Any]:
                "embed_tokens": "verifier copy" if "embed_tokens.weight" in tensors or
                "layers.0.embed_tokens.weight" in tensors else "omitted (engines share the "
                "verifier's)", "checked": "all export checks passed"})
+
+
+def _earlier_exports(manifest_dir: Path) -> dict[str, dict[str, Any]]:
+    """``{format: {out, config_hash, finished_at}}`` of the run's earlier exports still on disk
+    (``RUN/export/manifest.json`` lists every format exported, the newest last)."""
+    try:
+        earlier = load_stage_manifest(manifest_dir)
+    except InputError:
+        return {}
+    if earlier is None:
+        return {}
+    known = earlier.exports or {earlier.format: {"out": earlier.out}}
+    return {f: e for f, e in known.items() if Path(e["out"]).exists()}

@@ -19,7 +19,7 @@ import torch
 
 from specdraft.core.conventions import supervised_positions
 from specdraft.core.errors import ConfigError, InputError, StageDirError
-from specdraft.core.manifest import read_manifest
+from specdraft.core.manifest import load_stage_manifest
 from specdraft.extract.batching import pad_rows
 from specdraft.extract.capture import capture_packed, check_aux_ids, decoder_parts
 from specdraft.extract.storage import CODECS, ShardReader, decode
@@ -71,12 +71,12 @@ class DiskSource:
     """
 
     def __init__(self, extract_dir: str | os.PathLike) -> None:
-        manifest = read_manifest(extract_dir)
+        manifest = load_stage_manifest(extract_dir)
         if manifest is None:
             raise StageDirError(f"{extract_dir}/manifest.json not found: run `specdraft "
                                 f"extract` to completion first")
-        self._setup(extract_dir, manifest["aux_layer_ids"], manifest["hidden_size"],
-                    manifest["storage"]["format"])
+        self._setup(extract_dir, manifest.aux_layer_ids, manifest.hidden_size,
+                    manifest.storage.format)
         self.manifest = manifest
 
     @classmethod

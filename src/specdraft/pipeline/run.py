@@ -22,12 +22,13 @@ from specdraft.core.atomic import atomic_write_json
 from specdraft.core.config import StageConfig
 from specdraft.core.errors import ConfigError
 from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, path_sha256,
-                                     read_manifest, utc_now)
+                                     load_stage_manifest, parse_manifest, read_manifest,
+                                     utc_now)
 from specdraft.core.rundir import stage_dir
 from specdraft.core.verifier import VerifierSpec
 from specdraft.pipeline.config import PipelineConfig
 from specdraft.pipeline.stages import STAGE_NAMES, STAGES, StageSpec
-from specdraft.pipeline.summary import FIGURES, format_summary
+from specdraft.pipeline.summary import format_summary
 
 STATE_FILE = "state.json"
 
@@ -124,7 +125,7 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
         atomic_write_json(state_path, started)
         manifest = _run_stage(spec, cfg, resume=resume, verifier=verifier)
         print(f"[run] {spec.name}: done in {manifest.get('elapsed_s', 0):.0f}s — "
-              f"{FIGURES[spec.name](manifest)}", file=stream)
+              f"{parse_manifest(manifest, spec.name).figures()}", file=stream)
         actions[spec.name] = action
         upstream_ran = True
     return _finish(config, actions, clock, stream)
@@ -143,7 +144,8 @@ def _run_stage(spec: StageSpec, cfg: StageConfig, *, resume: bool,
 
 def _finish(config: PipelineConfig, actions: dict[str, str], clock: StageClock,
             stream: TextIO) -> dict[str, Any]:
-    manifests = {name: read_manifest(stage_dir(config.run_dir, name)) for name in STAGE_NAMES}
+    manifests = {name: load_stage_manifest(stage_dir(config.run_dir, name))
+                 for name in STAGE_NAMES}
     summary = format_summary(config, manifests)
     print(summary, file=stream)
     out = stage_dir(config.run_dir, "run")
@@ -151,7 +153,7 @@ def _finish(config: PipelineConfig, actions: dict[str, str], clock: StageClock,
     manifest = {"stage": "run", "config_file": config.source, "run_dir": config.run_dir,
                 "actions": actions, "argv": list(sys.argv), "started_at": clock.started_at,
                 "finished_at": utc_now(), "elapsed_s": clock.elapsed_s(),
-                "stage_elapsed_s": {n: (m or {}).get("elapsed_s") for n, m in manifests.items()},
+                "stage_elapsed_s": {n: m.elapsed_s if m else None for n, m in manifests.items()},
                 "stage_configs": {n: c.to_dict() for n, c in config.stages.items()}}
     atomic_write_json(Path(out) / MANIFEST, manifest)
     return manifest

@@ -23,6 +23,7 @@ from torch import nn
 from specdraft.core.atomic import atomic_open
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl
 from specdraft.models.eagle3 import Eagle3DraftModel
+from specdraft.core.manifest import write_provenance
 from specdraft.models.io import save_drafter
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import TrainConfig
@@ -229,9 +230,13 @@ class Trainer:
         barrier(self.env)
 
     def save_drafter_dir(self, name: str) -> None:
+        """``RUN/train/<name>/``: the drafter and its ``provenance.json`` (config hash, step,
+        validation τ̂ of that step)."""
         drafter, _ = self.full_drafter()
         if self.env.is_main:
             save_drafter(drafter, self.out / name)
+            write_provenance(self.out / name, stage="train", config=self.cfg, step=self.step,
+                             val=self.last_val, best_step=self.best_step)
         barrier(self.env)
 
     def restore(self) -> bool:

@@ -42,23 +42,19 @@ def load_vocab_map(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return d2t, t2d
 
 
-def verifier_hf_config(cfg: TrainConfig, verifier: Any, extract_manifest: dict | None) -> Any:
-    """The verifier's HF config: from the model object, the extract manifest's
-    ``verifier_config`` (a ``config.to_dict()``), or ``from_pretrained`` on ``--verifier`` /
-    the manifest's ``verifier.path`` (what ``specdraft extract`` records)."""
+def verifier_hf_config(cfg: TrainConfig, verifier: Any, extract_manifest: Any) -> Any:
+    """The verifier's HF config: from the model object, else ``from_pretrained`` on
+    ``--verifier`` or the extract manifest's ``verifier.path`` (what ``specdraft extract``
+    records)."""
     from transformers import AutoConfig
 
     if verifier is not None:
         return verifier.config
-    manifest = extract_manifest or {}
-    if isinstance(manifest.get("verifier_config"), dict):
-        d = dict(manifest["verifier_config"])
-        return AutoConfig.for_model(d.pop("model_type"), **d)
-    recorded = manifest.get("verifier")
-    path = cfg.verifier or (recorded.get("path") if isinstance(recorded, dict) else recorded)
+    recorded = extract_manifest.verifier if extract_manifest is not None else {}
+    path = cfg.verifier or recorded.get("path")
     if not path:
         raise ConfigError("--verifier: needed to read the verifier's config (the extract "
-                          "manifest carries neither verifier_config nor verifier)")
+                          "manifest records no verifier path)")
     from specdraft.core.verifier import resolve_verifier
 
     directory, gguf = resolve_verifier(path)
@@ -148,9 +144,9 @@ def _run(cfg: TrainConfig, env: DistEnv, clock: StageClock, verifier: Any, sourc
         source, verifier, more = open_source(cfg, verifier, env)
         inputs.update(more)
     extract_dir = stage_dir(cfg.run_dir, "extract")
-    from specdraft.core.manifest import read_manifest
+    from specdraft.core.manifest import load_stage_manifest
 
-    hf = verifier_hf_config(cfg, verifier, read_manifest(extract_dir))
+    hf = verifier_hf_config(cfg, verifier, load_stage_manifest(extract_dir))
     head = verifier_head(verifier, cfg.run_dir)
     drafter = build_drafter(cfg, hf, source, head, d2t, t2d).to(env.device)
     objective = TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from specdraft.core.atomic import atomic_open
-from specdraft.core.manifest import StageClock, input_hash, write_manifest
+from specdraft.core.manifest import PrepareManifest, StageClock, input_hash, write_manifest
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
 from specdraft.vocab import mapping
 from specdraft.vocab.config import VocabConfig
@@ -32,13 +32,13 @@ def supervised_counts(dataset_dir: Path, vocab_size: int) -> np.ndarray:
     return counts
 
 
-def forced_ids(prepare_manifest: dict[str, Any], include_byte_fallback: bool) -> list[int]:
+def forced_ids(prepare_manifest: PrepareManifest, include_byte_fallback: bool) -> list[int]:
     """Ids always kept: eos, end-of-turn, think and template/tool tags recorded by prepare,
     plus byte-fallback tokens when asked."""
-    forced = prepare_manifest.get("forced_token_ids", {})
-    groups = ["eos", "stop", "think", "template_special"]
-    groups += ["byte_fallback"] if include_byte_fallback else []
-    return sorted({int(i) for g in groups for i in forced.get(g, [])})
+    f = prepare_manifest.forced_token_ids
+    groups = [f.eos, f.stop, f.think, f.template_special]
+    groups += [f.byte_fallback] if include_byte_fallback else []
+    return sorted({int(i) for g in groups for i in g})
 
 
 def save_maps(path: Path, d2t: np.ndarray, t2d: np.ndarray) -> None:
@@ -51,9 +51,9 @@ def save_maps(path: Path, d2t: np.ndarray, t2d: np.ndarray) -> None:
         f.write(blob)
 
 
-def token_strings(prepare_manifest: dict[str, Any], ids: list[int]) -> list[str | None]:
+def token_strings(prepare_manifest: PrepareManifest, ids: list[int]) -> list[str | None]:
     """Token strings for ``ids`` when prepare's tokenizer is an HF directory (fast to load)."""
-    path = Path(str(prepare_manifest.get("tokenizer", {}).get("path", "")))
+    path = Path(str(prepare_manifest.tokenizer.get("path", "")))
     if not ids or not path.is_dir():
         return [None] * len(ids)
     try:
@@ -71,7 +71,7 @@ def run(config: VocabConfig) -> dict[str, Any]:
     out = open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
     prep = require_stage(config.run_dir, "prepare")
     prep_dir = stage_dir(config.run_dir, "prepare")
-    v = int(config.verifier_vocab_size or prep["verifier_vocab_size"])
+    v = int(config.verifier_vocab_size or prep.verifier_vocab_size)
     counts = supervised_counts(prep_dir / "dataset", v)                # [V]
     forced = forced_ids(prep, config.include_byte_fallback)
     selected = mapping.select_ids(counts, config.draft_vocab_size, forced)
