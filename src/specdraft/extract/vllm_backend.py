@@ -302,7 +302,8 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
 
     Files are matched to rows by the row number in their name, never by arrival order; each is
     checked against the prepared token ids (:func:`read_row`), converted (:func:`to_packed`) and
-    deleted. Raises :class:`EngineError` with the engine's own error when it fails.
+    deleted; rows reach ``writer`` in plan order (held back while an earlier one is missing), so
+    the shards are laid out exactly as the transformers backend lays them out. Raises :class:`EngineError` with the engine's own error when it fails.
     """
     job_dir = out / "vllm" / f"rank{rank:05d}"
     shutil.rmtree(job_dir, ignore_errors=True)
@@ -310,6 +311,8 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
     engine_ids = engine_layer_ids(ctx["aux_ids"], verifier.n_layers)
     _write_job(job_dir, config, verifier, rows, ctx["keys"], ids, engine_ids)
     where = {r: i for i, r in enumerate(rows)}
+    held: dict[int, Packed] = {}  # converted rows waiting for an earlier row of the plan
+    nxt = 0
     t0, first = time.monotonic(), None
     proc = _start_engine(job_dir, config, world)
     try:
@@ -321,12 +324,14 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
                 i = where.pop(r)
                 path = spool_path(job_dir / "spool", r)
                 hidden = read_row(path, ctx["keys"][r], ids[i])
-                writer.submit([r], [ids[i]], [masks[i]],
-                              to_packed(hidden, masks[i], ctx["aux_ids"], engine_ids, verifier,
-                                        ctx["codec"]))
+                held[i] = to_packed(hidden, masks[i], ctx["aux_ids"], engine_ids, verifier,
+                                    ctx["codec"])
                 done_path(job_dir / "spool", r).touch()
                 path.unlink()
                 first = first or time.monotonic()
+            while nxt in held:  # to the writer in plan order: shard bytes never depend on
+                writer.submit([rows[nxt]], [ids[nxt]], [masks[nxt]], held.pop(nxt))  # arrival
+                nxt += 1
             if exited is not None and where and not _ready_rows(job_dir / "spool"):
                 raise EngineError(engine_failure(job_dir / "engine.log", exited) if exited
                                   else f"vLLM engine exited without the states of "
@@ -339,6 +344,7 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
     end = time.monotonic()
     if proc.returncode != 0:
         raise EngineError(engine_failure(job_dir / "engine.log", proc.returncode))
-    shutil.rmtree(job_dir, ignore_errors=True)
+    shutil.rmtree(job_dir / "spool", ignore_errors=True)  # engine.log stays, for the record
+    (job_dir / "rows.safetensors").unlink(missing_ok=True)
     return {"engine_start_s": round((first or end) - t0, 3), "seconds_after_start":
             round(end - (first or end), 3)}

@@ -103,6 +103,8 @@ def run_engine(job_dir: Path) -> None:
     llm = LLM(**engine_kwargs(job))
     engine = llm.llm_engine
     todo = _order(len(rows), job.get("order", "plan"))
+    print(f"specdraft-worker: {len(todo)} requests, submission order "
+          f"{[keys[i] for i in todo[:3]]}...", flush=True)
     in_flight, limit = 0, int(job.get("max_in_flight", 256))
     expected = [spool_path(job["spool"], r) for r in rows]
     while todo or in_flight:
