@@ -346,5 +346,8 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
         raise EngineError(engine_failure(job_dir / "engine.log", proc.returncode))
     shutil.rmtree(job_dir / "spool", ignore_errors=True)  # engine.log stays, for the record
     (job_dir / "rows.safetensors").unlink(missing_ok=True)
+    after = end - (first or end)
+    tokens = sum(len(r) for r in ids)
     return {"engine_start_s": round((first or end) - t0, 3), "seconds_after_start":
-            round(end - (first or end), 3)}
+            round(after, 3), "tokens_per_s_after_start": round(tokens / after, 1)
+            if after > 0 else None}

@@ -100,8 +100,10 @@ def run_engine(job_dir: Path) -> None:
     job = json.loads((job_dir / "job.json").read_text(encoding="utf-8"))
     rows, ids = _load_rows(job_dir)
     keys = job["keys"]
+    t0 = time.monotonic()
     llm = LLM(**engine_kwargs(job))
     engine = llm.llm_engine
+    t1 = time.monotonic()
     todo = _order(len(rows), job.get("order", "plan"))
     print(f"specdraft-worker: {len(todo)} requests, submission order "
           f"{[keys[i] for i in todo[:3]]}...", flush=True)
@@ -118,6 +120,9 @@ def run_engine(job_dir: Path) -> None:
             if out.finished:
                 in_flight -= 1
     _wait_for_files(engine, expected, float(job.get("flush_timeout_s", 120)))
+    tokens = sum(len(r) for r in ids)
+    print(f"specdraft-worker: engine start {t1 - t0:.1f} s; {len(rows)} rows, {tokens} tokens "
+          f"in {time.monotonic() - t1:.2f} s", flush=True)
 
 
 def _wait_for_files(engine: Any, expected: list[Path], timeout_s: float) -> None:
@@ -137,6 +142,8 @@ def main() -> None:
     _die_with_parent()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
     run_engine(Path(sys.argv[1]))
+    sys.stdout.flush()
+    os._exit(0)  # every file is fsynced and renamed: skip the engine's slow teardown
 
 
 if __name__ == "__main__":
