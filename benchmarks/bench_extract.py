@@ -84,7 +84,8 @@ def compare_backends(args: argparse.Namespace) -> None:
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     tmp = Path(tempfile.mkdtemp(prefix="bench_extract_vllm_"))
-    hf_dir = gguf_to_hf_dir(smollm2_gguf(), tmp / "smollm2_hf")
+    hf_dir = gguf_to_hf_dir(smollm2_gguf(), Path(args.hf_dir) if args.hf_dir else
+                            Path(tempfile.gettempdir()) / "specdraft_bench_smollm2_hf")  # cached
     ids, masks = prepared_rows(load_tokenizer("smollm2"), args.samples)
     run_dir = write_prepared(tmp / "run", ids, masks)
     figures: dict[str, list[float]] = {"transformers": [], "vllm": [], "vllm_after_start": [],
@@ -114,6 +115,8 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
+    ap.add_argument("--hf-dir", default=None, help="--backend vllm: where the converted SmolLM2 "
+                                                   "HF directory is cached")
     args = ap.parse_args()
     if args.backend == "vllm":
         compare_backends(args)

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def vllm_python() -> str:
-    """``SPECDRAFT_VLLM_PYTHON`` or ``REPO/.venv-vllm/bin/python``; skip when absent (fail in CI)."""
+    """``SPECDRAFT_VLLM_PYTHON`` or ``REPO/.venv-vllm/bin/python``; skip when absent, fail in CI."""
     path = os.environ.get("SPECDRAFT_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
     if not Path(path).exists():
         if os.environ.get("CI"):

@@ -90,8 +90,9 @@ def load_verifier(path: str | os.PathLike, *, dtype: str = "auto", device: str =
 def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Write a ``.gguf`` verifier as a plain HF model directory (for engines that need one).
 
-    The GGUF is dequantized by transformers (``gguf_file=``) into the same architecture and
-    config, saved as float32 safetensors with its tokenizer (chat template included). Cached:
+    The GGUF is dequantized by transformers (``gguf_file=``), copied into a plain model of the
+    same architecture and config (transformers refuses to save a GGUF-loaded model), saved as
+    float32 safetensors with its tokenizer (chat template included). Cached:
     when ``out_dir`` already holds a conversion of this file (same size and mtime, recorded in
     ``out_dir/gguf_source.json``) it is returned unchanged. Written to a temp sibling and
     renamed, so ``out_dir`` is never half-written. Returns ``out_dir``.
@@ -110,9 +111,14 @@ def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
         return out
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
-                                                 dtype=torch.float32)
-    model.save_pretrained(tmp)
+    loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
+                                                  dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # the dequantized weights are plain floats
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name).save_pretrained(tmp)
     (tmp / "gguf_source.json").write_text(json.dumps(stamp), encoding="utf-8")
     shutil.rmtree(out, ignore_errors=True)

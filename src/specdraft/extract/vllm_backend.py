@@ -303,7 +303,8 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
     Files are matched to rows by the row number in their name, never by arrival order; each is
     checked against the prepared token ids (:func:`read_row`), converted (:func:`to_packed`) and
     deleted; rows reach ``writer`` in plan order (held back while an earlier one is missing), so
-    the shards are laid out exactly as the transformers backend lays them out. Raises :class:`EngineError` with the engine's own error when it fails.
+    the shards are laid out exactly as the transformers backend lays them out. Raises
+    :class:`EngineError` with the engine's own error when it fails.
     """
     job_dir = out / "vllm" / f"rank{rank:05d}"
     shutil.rmtree(job_dir, ignore_errors=True)
