@@ -117,6 +117,9 @@ def test_same_artifacts_and_identity_matching(both):
     assert mb["verifier"]["backend"] == "vllm" and ma["verifier"]["backend"] == "transformers"
     assert mb["verifier"]["final_state"].startswith("post_norm (applied by specdraft")
     assert mb["verifier"]["head"] == ma["verifier"]["head"]
+    t = mb["throughput"][0]
+    assert t["samples"] == 10 and t["tokens"] == ma["counts"]["tokens"]
+    assert t["engine_tokens_per_s"] > 0 and t["engine_init_s"] > 0
     log = (vl / "vllm" / "rank00000" / "engine.log").read_text()
     assert "submission order ['s000/0', 's001/0', 's002/0']" in log  # plan: longest first
     assert not (vl / "vllm" / "rank00000" / "spool").exists()

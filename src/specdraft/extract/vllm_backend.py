@@ -347,8 +347,6 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
         raise EngineError(engine_failure(job_dir / "engine.log", proc.returncode))
     shutil.rmtree(job_dir / "spool", ignore_errors=True)  # engine.log stays, for the record
     (job_dir / "rows.safetensors").unlink(missing_ok=True)
-    after = end - (first or end)
-    tokens = sum(len(r) for r in ids)
-    return {"engine_start_s": round((first or end) - t0, 3), "seconds_after_start":
-            round(after, 3), "tokens_per_s_after_start": round(tokens / after, 1)
-            if after > 0 else None}
+    engine = json.loads((job_dir / "engine_stats.json").read_text(encoding="utf-8"))
+    # engine_init_s: building vllm.LLM; engine_seconds / engine_tokens_per_s: from then on
+    return {"first_row_s": round((first or end) - t0, 3), **engine}

@@ -120,9 +120,12 @@ def run_engine(job_dir: Path) -> None:
             if out.finished:
                 in_flight -= 1
     _wait_for_files(engine, expected, float(job.get("flush_timeout_s", 120)))
-    tokens = sum(len(r) for r in ids)
+    tokens, seconds = sum(len(r) for r in ids), time.monotonic() - t1
     print(f"specdraft-worker: engine start {t1 - t0:.1f} s; {len(rows)} rows, {tokens} tokens "
-          f"in {time.monotonic() - t1:.2f} s", flush=True)
+          f"in {seconds:.2f} s", flush=True)
+    stats = {"engine_init_s": round(t1 - t0, 3), "engine_seconds": round(seconds, 3),
+             "engine_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None}
+    (job_dir / "engine_stats.json").write_text(json.dumps(stats), encoding="utf-8")
 
 
 def _wait_for_files(engine: Any, expected: list[Path], timeout_s: float) -> None:
