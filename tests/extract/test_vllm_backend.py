@@ -110,3 +110,42 @@ def test_engine_failure_names_the_engines_error(tmp_path):
                    "INFO shutting down\n")
     msg = engine_failure(log, 1)
     assert "status 1: ValueError: prompt too long (20 > 16)" in msg and str(log) in msg
+
+
+def test_engine_replicas_take_the_torchrun_plan(tmp_path, tiny_model, monkeypatch):
+    """Rank r of W hands its engine exactly the rows of batches r, r+W, … of the transformers
+    plan (the engine is replaced by the HF capture of the same rows), in plan order, and its
+    shards hold them as the transformers backend's rank r would."""
+    from extract_helpers import random_rows, write_prepared
+    from specdraft.extract import run as run_mod
+    from specdraft.extract import vllm_backend
+    from specdraft.extract.batching import plan_batches, rank_batches
+
+    lens = [20 + (7 * i) % 30 for i in range(14)]
+    ids, masks = random_rows(lens, vocab=2000, seed=5)
+    run_dir = write_prepared(tmp_path / "run", ids, masks)
+    seen: dict[int, list[int]] = {}
+
+    def fake_engine(verifier, config, out, ctx, rank, world, rows, r_ids, r_masks, writer):
+        seen[rank] = list(rows)
+        for r, a, m in zip(rows, r_ids, r_masks):
+            writer.submit([r], [a], [m], capture_packed(tiny_model, pad_rows([a], [m]),
+                                                        ctx["aux_ids"], ctx["codec"]))
+        return {}
+
+    monkeypatch.setattr(vllm_backend, "extract_rows", fake_engine)
+    cfg = ExtractConfig(run_dir=run_dir, backend="vllm", aux_layers=(1, 2), batch_tokens=90,
+                        storage="fp32", shard_mb=0.02)
+    ds = run_mod._load_dataset(run_dir)
+    out = run_dir / "extract"
+    (out / "shards").mkdir(parents=True)
+    plan = plan_batches(lens, 90)
+    for rank in (0, 1):
+        ctx = run_mod._context(cfg, tiny_model, ds, rank, 2)
+        stats = run_mod._extract_rank_vllm(tiny_model, ds, cfg, out, ctx, rank, 2)
+        assert seen[rank] == [r for b in rank_batches(plan, rank, 2) for r in b.rows]
+        assert stats["samples"] == len(seen[rank]) and stats["shards_written"] == len(
+            ctx["shards"])
+    assert sorted(seen[0] + seen[1]) == list(range(14))
+    entries = run_mod._merge_index(out, 2, 14)  # every row exactly once, dataset order
+    assert {e["shard"].split("/")[1][:9] for e in entries} == {"rank00000", "rank00001"}
