@@ -11,6 +11,11 @@ Prints, in one run:
 
 Usage: ``python benchmarks/bench_extract.py [--samples 64] [--batch-tokens 2048] [--reps 3]``
 (medians of interleaved repetitions).
+
+``--backend vllm`` instead compares the two backends on the same rows (the SmolLM2 GGUF
+converted once to an HF directory, fp32, bf16 storage): transformers extract tokens/s against
+the vLLM backend's, for the whole stage and for the engine once ``vllm.LLM`` is built (one engine start per rep;
+``VLLM_CPU_KVCACHE_SPACE=1`` unless set).
 """
 
 from __future__ import annotations
@@ -68,12 +73,54 @@ def extract_once(model, run_dir: Path, storage: str, batch_tokens: int) -> dict:
     return run(cfg, verifier=model)
 
 
+def compare_backends(args: argparse.Namespace) -> None:
+    """transformers vs vLLM extract tokens/s on the same prepared rows (medians over reps)."""
+    import os
+
+    from extract_helpers import write_prepared
+    from specdraft.core.verifier import gguf_to_hf_dir, load_tokenizer, smollm2_gguf
+    from specdraft.extract.config import ExtractConfig
+    from specdraft.extract.run import run
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    tmp = Path(tempfile.mkdtemp(prefix="bench_extract_vllm_"))
+    hf_dir = gguf_to_hf_dir(smollm2_gguf(), Path(args.hf_dir) if args.hf_dir else
+                            Path(tempfile.gettempdir()) / "specdraft_bench_smollm2_hf")  # cached
+    ids, masks = prepared_rows(load_tokenizer("smollm2"), args.samples)
+    run_dir = write_prepared(tmp / "run", ids, masks)
+    figures: dict[str, list[float]] = {"transformers": [], "vllm": [], "vllm_engine": [],
+                                       "vllm_init_s": []}
+    for _ in range(args.reps):
+        for backend in ("transformers", "vllm"):
+            m = run(ExtractConfig(run_dir=run_dir, verifier=str(hf_dir), backend=backend,
+                                  dtype="float32", device="cpu", storage="bf16",
+                                  batch_tokens=args.batch_tokens, overwrite=True))
+            t = m["throughput"][0]
+            figures[backend].append(t["tokens_per_s"])
+            if backend == "vllm":
+                figures["vllm_engine"].append(t["engine_tokens_per_s"])
+                figures["vllm_init_s"].append(t["engine_init_s"])
+    med = {k: sorted(v)[len(v) // 2] for k, v in figures.items()}
+    print(f"SmolLM2-135M (fp32, CPU), {len(ids)} GSM8K rows, {m['counts']['tokens']} tokens, "
+          f"bf16 storage, medians of {args.reps}")
+    print(f"  transformers extract:              {med['transformers']:8.0f} tok/s")
+    print(f"  vllm extract (whole stage):        {med['vllm']:8.0f} tok/s")
+    print(f"  vllm engine after vllm.LLM built:  {med['vllm_engine']:8.0f} tok/s "
+          f"(building it: {med['vllm_init_s']:.0f} s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=64)
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
+    ap.add_argument("--hf-dir", default=None, help="--backend vllm: where the converted SmolLM2 "
+                                                   "HF directory is cached")
     args = ap.parse_args()
+    if args.backend == "vllm":
+        compare_backends(args)
+        return
 
     from extract_helpers import write_prepared
     from specdraft.core.verifier import load_tokenizer, load_verifier

@@ -27,6 +27,15 @@ def command(
     device_map: Optional[str] = typer.Option(None, help="e.g. auto: spread a large verifier."),
     trust_remote_code: Optional[bool] = typer.Option(None, "--trust-remote-code",
                                                      help="Allow the verifier's own code."),
+    backend: Optional[str] = typer.Option(
+        None, help="transformers | vllm (a vLLM engine in its own venv, same artifacts)."),
+    tensor_parallel_size: Optional[int] = typer.Option(None, help="vLLM: TP per engine replica."),
+    pipeline_parallel_size: Optional[int] = typer.Option(None,
+                                                         help="vLLM: PP per engine replica."),
+    engine_args: Optional[str] = typer.Option(
+        None, help='vLLM: JSON object of extra vllm.LLM arguments, e.g. {"max_num_seqs": 64}.'),
+    engine_python: Optional[str] = typer.Option(
+        None, help="vLLM: python with vllm [env SPECDRAFT_VLLM_PYTHON, else REPO/.venv-vllm]."),
     resume: Optional[bool] = typer.Option(None, "--resume", help="Continue a killed run."),
     overwrite: Optional[bool] = typer.Option(None, "--overwrite", help="Delete and restart."),
     config: Optional[Path] = typer.Option(None, help=CONFIG_OPTION_HELP),

@@ -135,3 +135,42 @@ class VerifierSpec:
                               device_map=self.device_map,
                               trust_remote_code=self.trust_remote_code)
         return model, load_tokenizer(self.path, trust_remote_code=self.trust_remote_code)
+
+def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+    """Write a ``.gguf`` verifier as a plain HF model directory (for engines that need one).
+
+    The GGUF is dequantized by transformers (``gguf_file=``), copied into a plain model of the
+    same architecture and config (transformers refuses to save a GGUF-loaded model), saved as
+    float32 safetensors with its tokenizer (chat template included). Cached:
+    when ``out_dir`` already holds a conversion of this file (same size and mtime, recorded in
+    ``out_dir/gguf_source.json``) it is returned unchanged. Written to a temp sibling and
+    renamed, so ``out_dir`` is never half-written. Returns ``out_dir``.
+    """
+    import json
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src, out = Path(gguf_path), Path(out_dir)
+    stamp = {"gguf": str(src.resolve()), "size": src.stat().st_size,
+             "mtime_ns": src.stat().st_mtime_ns}
+    marker = out / "gguf_source.json"
+    if marker.exists() and json.loads(marker.read_text(encoding="utf-8")) == stamp:
+        return out
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    loaded = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name,
+                                                  dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # the dequantized weights are plain floats
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name).save_pretrained(tmp)
+    (tmp / "gguf_source.json").write_text(json.dumps(stamp), encoding="utf-8")
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, out)
+    return out

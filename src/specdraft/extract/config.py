@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -17,6 +18,12 @@ class ExtractConfig(StageConfig):
     ``aux_layers`` accepts a list or a comma-separated string (``"2,15,27"``); None means the
     default ``[2, N//2, N-3]`` of an N-layer verifier. ``shard_mb`` bounds the uncompressed size
     of a shard (MiB). ``verify`` recomputes that many random rows one at a time at the end.
+
+    ``backend``: ``transformers`` (the verifier in this process) or ``vllm`` (a vLLM engine in a
+    subprocess run by ``engine_python``, default env ``SPECDRAFT_VLLM_PYTHON``, else this
+    interpreter when it has vllm, else ``REPO/.venv-vllm/bin/python``), with
+    ``tensor_parallel_size`` / ``pipeline_parallel_size`` per engine replica and ``engine_args``
+    (a JSON object of extra ``vllm.LLM`` keyword arguments). Both write the same artifacts.
     """
 
     run_dir: Path
@@ -34,6 +41,23 @@ class ExtractConfig(StageConfig):
     trust_remote_code: bool = False
     resume: bool = False
     overwrite: bool = False
+    backend: Literal["transformers", "vllm"] = "transformers"
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    engine_python: str | None = None
+
+    @field_validator("engine_args", mode="before")
+    @classmethod
+    def _parse_engine_args(cls, v: object) -> object:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v) if v.strip() else {}
+            except json.JSONDecodeError as err:
+                raise ValueError(f"expected a JSON object like '{{\"max_num_seqs\": 64}}': {err}")
+            if not isinstance(v, dict):
+                raise ValueError(f"expected a JSON object, got {type(v).__name__}")
+        return v
 
     @field_validator("aux_layers", mode="before")
     @classmethod

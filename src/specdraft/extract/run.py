@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from specdraft.core.atomic import atomic_write_json, atomic_write_text
-from specdraft.core.errors import InputError, StageDirError
+from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.jsonl import iter_jsonl
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
@@ -43,9 +43,9 @@ TARGET_DOC = (
 # ---------------------------------------------------------------- distributed helpers
 
 
-def _dist_init() -> tuple[int, int, bool]:
+def _dist_init(gloo: bool = False) -> tuple[int, int, bool]:
     """``(rank, world_size, created)`` from the torchrun environment; init the process group
-    (gloo on CPU, nccl on CUDA) when ``WORLD_SIZE > 1`` and none exists."""
+    (gloo on CPU or when ``gloo``, nccl on CUDA) when ``WORLD_SIZE > 1`` and none exists."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world == 1:
@@ -54,7 +54,7 @@ def _dist_init() -> tuple[int, int, bool]:
 
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), False
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group("nccl" if torch.cuda.is_available() and not gloo else "gloo")
     return rank, world, True
 
 
@@ -224,6 +224,34 @@ def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: di
             "shards_written": writer.shards_written, "shards_resumed": len(done)}
 
 
+def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
+                       ctx: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """:func:`_extract_rank` with a vLLM engine: the same plan, recovery, writer and stats."""
+    from specdraft.extract.vllm_backend import extract_rows
+
+    codec, keys, seq_lens, shards = ctx["codec"], ctx["keys"], ctx["seq_lens"], ctx["shards"]
+    done = recover(out, rank, shards, codec)
+    done_rows = {r for s in done for r in shards[s]}
+    rows = [r for b in ctx["batches"] for r in b.rows if r not in done_rows]
+    writer = RankWriter(out, rank, shards, done, keys, codec, ctx["metadata"],
+                        zstd_level=config.zstd_level)
+    t0, engine = time.monotonic(), {}
+    try:
+        if rows:
+            ids, masks = _load_rows(ds, rows, keys, seq_lens)
+            engine = extract_rows(verifier, config, out, ctx, rank, world, rows, ids, masks,
+                                  writer)
+    except BaseException:
+        writer.close(strict=False)
+        raise
+    writer.close()
+    elapsed = time.monotonic() - t0
+    tokens = sum(seq_lens[r] for r in rows)
+    return {"rank": rank, "samples": len(rows), "tokens": tokens, "seconds": round(elapsed, 3),
+            "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
+            "shards_written": writer.shards_written, "shards_resumed": len(done), **engine}
+
+
 # ---------------------------------------------------------------- rank 0: merge, head, verify
 
 
@@ -242,8 +270,9 @@ def _write_head(model: Any, out: Path) -> dict[str, Any]:
     """Save the verifier's ``lm_head.weight`` and ``embed_tokens.weight`` ``[V, H]``."""
     from safetensors.torch import save_file
 
-    head = {"lm_head.weight": model.get_output_embeddings().weight,
-            "embed_tokens.weight": model.get_input_embeddings().weight}
+    head = getattr(model, "head", None) or {
+        "lm_head.weight": model.get_output_embeddings().weight,
+        "embed_tokens.weight": model.get_input_embeddings().weight}
     head = {k: v.detach().to("cpu").clone().contiguous() for k, v in head.items()}
     tmp = out / f"{HEAD_FILE}.tmp-{os.getpid()}"
     save_file(head, str(tmp))
@@ -303,7 +332,7 @@ def run(config: ExtractConfig, verifier: Any = None) -> dict[str, Any]:
     disk too small, resume with changed settings), :class:`InputError` (bad dataset row) and
     :class:`ConfigError` (aux ids outside ``[1, N]``).
     """
-    rank, world, created = _dist_init()
+    rank, world, created = _dist_init(gloo=config.backend == "vllm")
     try:
         return _run(config, verifier, rank, world)
     finally:
@@ -312,7 +341,16 @@ def run(config: ExtractConfig, verifier: Any = None) -> dict[str, Any]:
             dist.destroy_process_group()
 
 
-def _load_model(config: ExtractConfig, verifier: Any) -> Any:
+def _load_model(config: ExtractConfig, verifier: Any, out: Path) -> Any:
+    """The HF verifier (transformers backend) or its config, head and norm (vLLM backend; an
+    HF model passed by ``specdraft run`` is then not used)."""
+    if config.backend == "vllm":
+        from specdraft.extract import vllm_backend as vb
+
+        if config.verify:
+            raise ConfigError("--verify needs --backend transformers (the vLLM backend is "
+                              "checked against it by tests/extract/test_vllm_equivalence.py)")
+        return vb.load_engine_verifier(vb.verifier_hf_dir(config, out), vb.engine_dtype(config))
     if verifier is not None:
         return verifier
     from specdraft.core.verifier import load_verifier
@@ -322,14 +360,20 @@ def _load_model(config: ExtractConfig, verifier: Any) -> Any:
                          trust_remote_code=config.trust_remote_code)
 
 
+def _shape(model: Any) -> tuple[int, int]:
+    """``(N layers, hidden size)`` of an HF verifier or an engine-served one."""
+    if hasattr(model, "n_layers"):
+        return model.n_layers, model.hidden_size
+    return num_layers(model), int(model.config.hidden_size)
+
+
 def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
              ) -> dict[str, Any]:
     """Everything the ranks share: aux ids, codec, keys, lengths, the plan, shard metadata."""
-    n_layers = num_layers(model)
+    n_layers, hidden = _shape(model)
     aux_ids = check_aux_ids(config.aux_layers or default_aux_ids(n_layers), n_layers)
     keys, seq_lens = _row_table(ds)
     n_sup = _n_sup(ds)
-    hidden = int(model.config.hidden_size)
     codec: Codec = CODECS[config.storage]
     batches, shards = _plan(config, seq_lens, n_sup, len(aux_ids), hidden, rank, world)
     estimate = sum(row_bytes(t, s, len(aux_ids), hidden, codec) for t, s in zip(seq_lens, n_sup))
@@ -347,12 +391,17 @@ def _run(config: ExtractConfig, verifier: Any, rank: int, world: int) -> dict[st
                                      overwrite=config.overwrite), rank, world)
     out = stage_dir(config.run_dir, STAGE)
     ds = _load_dataset(config.run_dir)
-    model = _load_model(config, verifier)
+    if config.backend == "vllm":  # a GGUF verifier is converted once, by rank 0
+        from specdraft.extract.vllm_backend import verifier_hf_dir
+        _on_rank0(lambda: verifier_hf_dir(config, out), rank, world)
+        _barrier(world)
+    model = _load_model(config, verifier, out)
     ctx = _context(config, model, ds, rank, world)
     plan = {"world_size": world, "batch_tokens": config.batch_tokens, "storage": config.storage,
             "shard_mb": config.shard_mb, "aux_layer_ids": list(ctx["aux_ids"]),
             "prepare": input_hash(stage_dir(config.run_dir, "prepare")),
-            "zstd_level": config.zstd_level, "model_dtype": str(model.dtype)}
+            "zstd_level": config.zstd_level, "model_dtype": str(model.dtype),
+            "backend": config.backend}
 
     def prologue() -> None:
         (out / "shards").mkdir(exist_ok=True)
@@ -360,12 +409,31 @@ def _run(config: ExtractConfig, verifier: Any, rank: int, world: int) -> dict[st
         _check_disk(out, ctx["estimate"])
 
     _on_rank0(prologue, rank, world)
-    stats = _extract_rank(model, ds, config, out, ctx, rank)
+    if config.backend == "vllm":
+        stats = _extract_rank_vllm(model, ds, config, out, ctx, rank, world)
+    else:
+        stats = _extract_rank(model, ds, config, out, ctx, rank)
     atomic_write_json(out / f"stats.rank{rank:05d}.json", stats)
     _barrier(world)
     _on_rank0(lambda: _finish(config, model, ds, out, ctx, clock, world), rank, world)
     _barrier(world)
     return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+
+
+def _profile(config: ExtractConfig, model: Any, head: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's verifier profile: what ran it and how its final state was normalised."""
+    if config.backend == "vllm":
+        from specdraft.extract.vllm_backend import FINAL_STATE
+
+        return {"path": config.verifier, "class": model.architecture, "dtype": str(model.dtype),
+                "head": head, "backend": "vllm", "hf_dir": str(model.hf_dir),
+                "final_state": FINAL_STATE,
+                "engine": {"tensor_parallel_size": config.tensor_parallel_size,
+                           "pipeline_parallel_size": config.pipeline_parallel_size,
+                           "engine_args": dict(config.engine_args)}}
+    return {"path": config.verifier, "class": type(model).__name__, "dtype": str(model.dtype),
+            "head": head, "backend": "transformers",
+            "final_state": "post_norm (the verifier's own last_hidden_state)"}
 
 
 def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str, Any],
@@ -389,8 +457,7 @@ def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str
         "final_hidden": "output of the verifier's final norm (HF last_hidden_state = "
                         "hidden_states[N]); lm_head(final_hidden) = logits",
         "target_representation": TARGET_DOC,
-        "verifier": {"path": config.verifier, "class": type(model).__name__,
-                     "dtype": str(model.dtype), "head": head},
+        "verifier": _profile(config, model, head),
         "storage": {"format": config.storage, "shard_mb": config.shard_mb,
                     "zstd_level": config.zstd_level if CODECS[config.storage].zstd else None,
                     "shards": len({e["shard"] for e in entries}), "bytes_total": total,
