@@ -136,6 +136,7 @@ class VerifierSpec:
                               trust_remote_code=self.trust_remote_code)
         return model, load_tokenizer(self.path, trust_remote_code=self.trust_remote_code)
 
+
 def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Write a ``.gguf`` verifier as a plain HF model directory (for engines that need one).
 
