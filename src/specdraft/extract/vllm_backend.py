@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import torch
 
 from specdraft.core.errors import ConfigError, InputError, SpecdraftError
-from specdraft.extract.batching import target_mask
+from specdraft.core.conventions import supervised_mask
 from specdraft.extract.capture import Packed
 from specdraft.extract.storage import Codec, encode
 from specdraft.extract.vllm_worker import done_path, spool_path
@@ -187,7 +187,7 @@ def to_packed(hidden: torch.Tensor, loss_mask: Sequence[int], aux_ids: Sequence[
     normed = final_norm(hidden[:, col[N]], verifier.norm_weight, verifier.eps)  # [T, H]
     aux = torch.stack([normed if a == N else hidden[:, col[a]] for a in aux_ids], dim=1)
     mask = torch.as_tensor(list(loss_mask), dtype=torch.uint8)
-    sup = target_mask(mask)  # [T]
+    sup = supervised_mask(mask)  # [T]
     return Packed(lengths=[int(hidden.shape[0])], n_sup=[int(sup.sum())],
                   aux=encode(aux, codec), final=encode(normed[sup][:, None, :], codec))
 
