@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import torch
 
+from specdraft.core.conventions import check_aux_layer_ids
+from specdraft.core.errors import ConfigError
 from specdraft.export.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
 from specdraft.export.reader import DrafterOnDisk
 from specdraft.export.validate import check_vocab_map
@@ -97,9 +99,10 @@ def check_aux_ids(s: Subject) -> Check:
             problems.append(f"{engine}: no aux ids where it reads them")
         elif ids != want:
             problems.append(f"{engine} would capture hidden_states {ids}, trained on {want}")
-    bad = [i for i in want if not 1 <= i < n]
-    if bad:
-        problems.append(f"ids {bad} outside [1, {n - 1}] (engines capture before a layer)")
+    try:
+        check_aux_layer_ids(want, n, source="aux ids")
+    except ConfigError as err:
+        problems.append(str(err))
     if s.drafter.format in ("sglang", "vllm") and len(want) != 3:
         problems.append(f"{len(want)} aux layers: vLLM/SGLang build fc for 3")
     return Check("aux ids present, right convention per engine", not problems,

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from specdraft.core.errors import SpecdraftError
+from specdraft.core.conventions import check_aux_layer_ids
+from specdraft.core.errors import ConfigError, SpecdraftError
 from specdraft.export.formats import FORMAT_SPECS, inverse
 from specdraft.models.eagle3 import Eagle3Config
 
@@ -129,8 +130,9 @@ def check_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, K: int, 
     bool with K true entries at exactly those ids (the vocab stage's contract)."""
     problems: list[str] = []
     if d2t is None or t2d is None:
-        return [f"{'d2t' if d2t is None else 't2d'} absent: the engines cannot map draft ids "
-                f"to verifier ids (vLLM scatters logits to arange(K) + d2t)"]
+        return [f"{'d2t' if d2t is None else 't2d'} absent: the engines cannot map the {K} draft "
+                f"ids to the {V} verifier ids (vLLM scatters logits to arange(K) + d2t); "
+                f"train with the vocab map of `specdraft vocab` (RUN/vocab/vocab_map.safetensors)"]
     if d2t.shape != (K,) or t2d.shape != (V,):
         return [f"d2t shape {list(d2t.shape)} / t2d shape {list(t2d.shape)}: expected [{K}] "
                 f"and [{V}]"]
@@ -190,9 +192,11 @@ def check_aux_ids(fmt: str, cfg: dict[str, Any], c: Eagle3Config,
     if extract_ids is not None and list(extract_ids) != list(c.aux_layer_ids):
         problems.append(f"aux ids {list(c.aux_layer_ids)} differ from the ids used at extraction "
                         f"{list(extract_ids)} (RUN/extract/manifest.json aux_layer_ids)")
-    if n_layers is not None and fmt != "speculators" and n_layers in c.aux_layer_ids:
-        problems.append(f"aux id {n_layers} (= HF hidden_states[N], after the final norm) is "
-                        f"not captured by the engines (they capture before a decoder layer)")
+    if n_layers is not None:
+        try:
+            check_aux_layer_ids(list(c.aux_layer_ids), n_layers, source="drafter aux ids")
+        except ConfigError as err:
+            problems.append(str(err))
     return problems
 
 

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from specdraft.core.assets import resolve_path
 from specdraft.core.errors import InputError
-from specdraft.core.jsonl import iter_jsonl
+from specdraft.core.jsonl import iter_jsonl, read_json
 
 _SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                    "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant",
@@ -72,10 +72,7 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _json_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise InputError(f"{path}: not valid JSON ({err})") from None
+    data = read_json(path, what="--prompts file")
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
