@@ -73,11 +73,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; raise :class:`ConfigError` naming the file on any problem."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(path.read_bytes().decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: config file cannot be read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 (byte offset {err.start})") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

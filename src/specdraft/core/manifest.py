@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from specdraft.core import lock
+from specdraft.core.errors import InputError
 from specdraft.core.atomic import atomic_write_json
 
 MANIFEST = "manifest.json"
@@ -40,11 +42,22 @@ def manifest_path(stage_dir: str | os.PathLike) -> Path:
 
 
 def read_manifest(stage_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The stage's manifest, or None if the stage is not complete."""
+    """The stage's manifest, or None if the stage is not complete.
+
+    Raises :class:`~specdraft.core.errors.InputError` naming the file (and line) when it is not
+    UTF-8 JSON or not an object (a manifest is written atomically, so this means it was edited
+    or copied badly: rerun the stage with ``--overwrite``).
+    """
+    from specdraft.core.jsonl import read_json
+
     path = manifest_path(stage_dir)
     if not path.exists():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    data = read_json(path, what="stage manifest")
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}; rerun "
+                         f"the stage with --overwrite")
+    return data
 
 
 def input_hash(stage_dir: str | os.PathLike) -> str:
@@ -115,4 +128,5 @@ def write_manifest(stage_dir: str | os.PathLike, *, stage: str, config: Any, clo
         **(extra or {}),
     }
     atomic_write_json(manifest_path(stage_dir), manifest)
+    lock.release(stage_dir)  # the stage is complete: another process may take it now
     return manifest

@@ -179,7 +179,8 @@ def read_prompts(path: str | Path, **kwargs: Any) -> tuple[list[Prompt], list[Pr
 
     Hashed ids that repeat are the same conversation: the later ones are returned in
     ``duplicates`` (the run rejects them with reason ``duplicate``). A *given* id that repeats is
-    an :class:`InputError` naming both places. ``kwargs`` go to :func:`parse_row`.
+    an :class:`InputError` naming both places, and so is a file without any row. ``kwargs`` go
+    to :func:`parse_row`.
     """
     seen: dict[str, Prompt] = {}
     dups: list[Prompt] = []
@@ -192,4 +193,7 @@ def read_prompts(path: str | Path, **kwargs: Any) -> tuple[list[Prompt], list[Pr
             dups.append(p)
         else:
             seen[p.id] = p
+    if not seen:
+        raise InputError(f"--prompts {path}: no prompt rows (the file is empty or holds only "
+                         f"blank lines)")
     return list(seen.values()), dups
