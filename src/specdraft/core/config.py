@@ -58,15 +58,15 @@ def flag_name(field: str) -> str:
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
-    """One line per problem: ``--flag (field in SOURCE): message``."""
-    lines = [f"invalid settings from {source}:"]
+    """One line: ``invalid settings from SOURCE: --flag (field): message; ...``."""
+    parts = []
     for e in err.errors():
         if not e["loc"]:
-            lines.append(f"  {e['msg']}")
+            parts.append(e["msg"])
             continue
         field = ".".join(str(x) for x in e["loc"])
-        lines.append(f"  {flag_name(str(e['loc'][0]))} ({field}): {e['msg']}")
-    return "\n".join(lines)
+        parts.append(f"{flag_name(str(e['loc'][0]))} ({field}): {e['msg']}")
+    return f"invalid settings from {source}: " + "; ".join(parts)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
