@@ -94,6 +94,9 @@ def check_aux_ids(s: Subject) -> Check:
     want = [int(i) for i in (s.extract or {}).get("aux_layer_ids") or s.drafter.config.aux_layer_ids]
     n = s.vcfg.num_hidden_layers
     problems = []
+    if s.extract is not None and not s.extract.get("aux_layer_ids"):
+        problems.append("RUN/extract/manifest.json has no aux_layer_ids: the drafter's ids "
+                        "cannot be checked against the extracted features (re-run extract)")
     for engine, ids in _engine_readings(s.drafter).items():
         if ids is None:
             problems.append(f"{engine}: no aux ids where it reads them")

@@ -6,7 +6,7 @@ returned under specdraft's checkpoint names (``midlayer.*``), whatever the forma
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,6 +53,7 @@ def read_drafter(path: str | Path) -> DrafterOnDisk:
         raise InputError(f"{path}: drafter directory not found")
     if (path / CONFIG_FILE).exists():
         raw = _json_object(path / CONFIG_FILE)
+        _check_keys(path / CONFIG_FILE, raw)
         cfg = _config(path / CONFIG_FILE, lambda: Eagle3Config.from_dict(raw), raw)
         return DrafterOnDisk(path, cfg, _load(path / WEIGHTS_FILE), "specdraft")
     if (path / EXPORT_CONFIG).exists():
@@ -71,6 +72,18 @@ def _json_object(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InputError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     return raw
+
+
+def _check_keys(path: Path, raw: dict[str, Any]) -> None:
+    """Missing and unknown keys of a specdraft drafter config, named (a renamed key shows as
+    both)."""
+    known = {f.name for f in fields(Eagle3Config)}
+    required = {f.name for f in fields(Eagle3Config)
+                if f.default is MISSING and f.default_factory is MISSING}
+    missing, unknown = sorted(required - set(raw)), sorted(set(raw) - known)
+    if missing or unknown:
+        raise InputError(f"{path}: missing key(s) {missing}, unknown key(s) {unknown} for a "
+                         f"specdraft drafter config")
 
 
 def _config(path: Path, build: Callable[[], Eagle3Config], raw: dict[str, Any], *,

@@ -47,8 +47,9 @@ class ExportRefused(SpecdraftError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
-        super().__init__("export refused, nothing written:\n" +
-                         "\n".join(f"  - {p}" for p in problems))
+        super().__init__(f"export refused, nothing written ({len(problems)} problem"
+                         f"{'s' if len(problems) != 1 else ''}): " +
+                         " ".join(f"[{i}] {p}" for i, p in enumerate(problems, 1)))
 
 
 def required_keys(fmt: str) -> tuple[str, ...]:
