@@ -56,6 +56,7 @@ def test_ids_refused_outside_range():
             check_aux_ids(bad, 6)
     assert default_aux_ids(30) == (2, 15, 27)
     assert default_aux_ids(7) == (2, 3, 4)
+    assert default_aux_ids(6) == (2, 3, 5)
     assert default_aux_ids(4) == (1, 2, 3)
 
 

@@ -36,18 +36,22 @@ def default_aux_layer_ids(n_layers: int) -> list[int]:
 
     Rule: ``[2, N//2, N-3]``, the default capture of vLLM
     (``SupportsEagle3.get_eagle3_default_aux_hidden_state_layers``) and SGLang, when those are
-    three distinct valid ids (N >= 7). For a shallower verifier (4 <= N <= 6) that default has
-    duplicates or ids outside the valid range, so the three ids are spread over ``[1, N-1]``:
-    ``[1, N//2, N-1]`` (N=4: [1, 2, 3]; N=5: [1, 2, 4]; N=6: [1, 3, 5]). Export writes the ids
-    into the drafter's config either way, so the engines read them instead of their default.
+    three distinct valid ids (N >= 7). For a shallower verifier that default has duplicates, so
+    three ids are spread over ``[2, N-1]``: ``[2, (N+1)//2, N-1]`` (N=5: [2, 3, 4]; N=6:
+    [2, 3, 5]); id 1 is avoided because SGLang's explicit ids cannot spell it (its PR #25454 shift,
+    see :func:`specdraft.export.validate.check_aux_ids`). N=4 leaves only ``[1, 2, 3]`` (exports
+    as ``--format vllm`` or ``speculators``). Export writes the ids into the drafter's config
+    either way, so the engines read them instead of their default.
 
     Raises :class:`ConfigError` naming the layer count and ``--aux-layers`` for N < 4 (fewer than
     three capturable hidden states).
     """
     if n_layers >= 7:
         return [2, n_layers // 2, n_layers - 3]
-    if n_layers >= 4:
-        return [1, n_layers // 2, n_layers - 1]
+    if n_layers >= 5:
+        return [2, (n_layers + 1) // 2, n_layers - 1]
+    if n_layers == 4:
+        return [1, 2, 3]
     lo, hi = aux_id_range(n_layers)
     raise ConfigError(
         f"the verifier has {n_layers} decoder layers: only ids {lo}..{hi} can be captured, "
