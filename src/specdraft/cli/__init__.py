@@ -72,7 +72,7 @@ def os_error_message(err: OSError) -> str:
             "EDQUOT": "free space (or use another --run-dir), then rerun with --resume",
             "EROFS": "the run directory is read-only; use a writable --run-dir",
             "EACCES": "no permission; check the owner and mode of the file or directory"}.get(name)
-    return f"{what} ({name}){where}" + (f"; {hint}" if hint else "")
+    return f"{what}{f' ({name})' if name else ''}{where}" + (f"; {hint}" if hint else "")
 
 
 def _fail(message: str) -> None:
