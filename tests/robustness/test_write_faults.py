@@ -42,9 +42,10 @@ class DiskFull:
         self.full = False
 
 
-def _assert_disk_full_error(res) -> None:
+def _assert_disk_full_error(res, run) -> None:
     err = res.error
     assert "No space left on device (ENOSPC)" in err and "--resume" in err, err
+    assert f": {run}/" in err, err  # the file being written is named
 
 
 # ---------------------------------------------------------------- generate
@@ -71,7 +72,7 @@ def test_generate_disk_full_then_resume_equals_uninterrupted(tmp_path, cli, monk
     with LoopbackServer() as url:
         assert _generate(cli, url, tmp_path / "clean", prompts).code == 0
         disk = DiskFull(monkeypatch, after)
-        _assert_disk_full_error(_generate(cli, url, tmp_path / "full", prompts))
+        _assert_disk_full_error(_generate(cli, url, tmp_path / "full", prompts), tmp_path / "full")
         assert not (tmp_path / "full/generate/manifest.json").exists()
         disk.free()
         res = _generate(cli, url, tmp_path / "full", prompts, "--resume")
@@ -135,7 +136,7 @@ def test_extract_disk_full_then_resume_equals_uninterrupted(tmp_path, cli, monke
     clean, full = _extract_run(tmp_path, "clean"), _extract_run(tmp_path, "full")
     assert extract(clean).code == 0
     disk = DiskFull(monkeypatch, after=6)
-    _assert_disk_full_error(extract(full))
+    _assert_disk_full_error(extract(full), full)
     out = full / "extract"
     assert not (out / "manifest.json").exists()
     written = sorted(p.name for p in (out / "shards").iterdir())

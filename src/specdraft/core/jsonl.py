@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -36,6 +37,18 @@ def repair_torn_tail(path: str | os.PathLike) -> int:
     return len(data) - start
 
 
+@contextlib.contextmanager
+def named_os_error(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise an :class:`OSError` without a file name (a failed write, flush or fsync: disk
+    full, I/O error) with ``path`` as its file name, errno kept, so the message names it."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
+        raise
+
+
 class JsonlWriter:
     """Append-only JSONL writer; each :meth:`write_batch` is flushed and fsynced before return."""
 
@@ -48,9 +61,10 @@ class JsonlWriter:
         """Append records as whole lines, then flush and fsync; return how many were written."""
         lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in records]
         if lines:
-            self._f.write("".join(lines))
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            with named_os_error(self.path):
+                self._f.write("".join(lines))
+                self._f.flush()
+                os.fsync(self._f.fileno())
         return len(lines)
 
     def close(self) -> None:
