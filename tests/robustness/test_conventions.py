@@ -38,6 +38,7 @@ def test_check_refuses_naming_the_source(ids, fragment):
     assert str(err.value).startswith("--aux-layers") and fragment in str(err.value)
 
 
+@pytest.mark.slow
 def test_extract_on_a_four_layer_verifier_uses_the_documented_default(tmp_path, cli,
                                                                       tiny_verifier_dir):
     from test_write_faults import _extract_run

@@ -126,6 +126,7 @@ def _digest(extract_dir: Path) -> dict[str, str]:
     return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
+@pytest.mark.slow
 def test_extract_disk_full_then_resume_equals_uninterrupted(tmp_path, cli, monkeypatch,
                                                             tiny_verifier_dir):
     def extract(run, *extra):
@@ -162,6 +163,7 @@ def _tiny_llama():
     return model
 
 
+@pytest.mark.slow
 def test_train_checkpoint_disk_full_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
     sys.path.insert(0, str(TESTS / "train"))
     from memsource import MemorySource, greedy_corpus, write_vocab
