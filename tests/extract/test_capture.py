@@ -50,12 +50,14 @@ def test_toy_prefix_sums():
 
 def test_ids_refused_outside_range():
     assert check_aux_ids([1, 3, 5], 6) == (1, 3, 5)
-    assert check_aux_ids([6], 6) == (6,)
-    for bad in ([0], [7], [2, 2], []):
+    # id N = 6 is after the final norm in HF, before it in the engines: refused
+    for bad in ([0], [6], [7], [2, 2], [], [3, 1]):
         with pytest.raises(ConfigError, match="--aux-layers"):
             check_aux_ids(bad, 6)
     assert default_aux_ids(30) == (2, 15, 27)
-    assert default_aux_ids(4) == (2, 2, 1)
+    assert default_aux_ids(7) == (2, 3, 4)
+    assert default_aux_ids(6) == (2, 3, 5)
+    assert default_aux_ids(4) == (1, 2, 3)
 
 
 def test_matches_hf_hidden_states_and_logits(tiny_model):

@@ -130,7 +130,7 @@ def test_refusals(tmp_path, tiny_model):
     run_dir, ids, masks = prepared(tmp_path)
     with pytest.raises(ConfigError, match=r"--aux-layers 0,2"):
         extract(run_dir, tiny_model, aux_layers=(0, 2))
-    with pytest.raises(ConfigError, match=r"outside \[1, 4\]"):
+    with pytest.raises(ConfigError, match=r"outside \[1, 3\]"):  # id N = 4 is refused too
         extract(run_dir, tiny_model, aux_layers=(1, 5), overwrite=True)
     extract(run_dir, tiny_model)
     with pytest.raises(StageDirError, match="--resume"):

@@ -7,6 +7,7 @@ torch import here: ``specdraft --help`` stays fast.
 
 from __future__ import annotations
 
+import errno
 import sys
 
 import typer
@@ -44,10 +45,36 @@ def _root() -> None:
     """Train EAGLE-3 draft models for speculative decoding, end to end."""
 
 
-def main() -> None:
-    """Entry point of the ``specdraft`` script: user errors print one message and exit 2."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``specdraft`` script (``argv`` defaults to ``sys.argv[1:]``).
+
+    Every user-facing failure ends here as ``specdraft: error: MESSAGE`` on stderr and exit
+    code 2, never a traceback: the specdraft error types (:class:`SpecdraftError`:
+    ``ConfigError``, ``InputError``, ``StageDirError``, ``ExportRefused``, ...) and an
+    :class:`OSError` (disk full, read-only or missing directory, permission), which is named
+    with its errno and file. Nothing half-written is left under a final name: artifacts are
+    written atomically (:mod:`specdraft.core.atomic`), so a rerun with ``--resume`` continues.
+    """
     try:
-        app()
+        app(args=argv, prog_name="specdraft")
     except SpecdraftError as err:
-        print(f"specdraft: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        _fail(str(err))
+    except OSError as err:
+        _fail(os_error_message(err))
+
+
+def os_error_message(err: OSError) -> str:
+    """``[Errno 28] No space left on device: 'RUN/extract/shards/…'`` plus what to do."""
+    what = err.strerror or str(err)
+    where = f": {err.filename}" if err.filename else ""
+    name = errno.errorcode.get(err.errno or 0, "")
+    hint = {"ENOSPC": "free space (or use another --run-dir), then rerun with --resume",
+            "EDQUOT": "free space (or use another --run-dir), then rerun with --resume",
+            "EROFS": "the run directory is read-only; use a writable --run-dir",
+            "EACCES": "no permission; check the owner and mode of the file or directory"}.get(name)
+    return f"{what}{f' ({name})' if name else ''}{where}" + (f"; {hint}" if hint else "")
+
+
+def _fail(message: str) -> None:
+    print(f"specdraft: error: {message}", file=sys.stderr)
+    sys.exit(2)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from specdraft.core.config import StageConfig, load_yaml, merge_settings
+from specdraft.core.errors import ConfigError
 
 C = TypeVar("C", bound=StageConfig)
 
@@ -22,7 +23,11 @@ def build_config(cls: type[C], *, config_file: Path | None, section: str,
     source = "flags"
     if config_file is not None:
         data = load_yaml(config_file)
-        values = dict(data.get(section) or {}) if section in data else dict(data)
+        values = data.get(section) or {} if section in data else data
+        if not isinstance(values, dict):
+            raise ConfigError(f"{config_file}: section `{section}` must be a mapping, got "
+                              f"{type(values).__name__}")
+        values = dict(values)
         for shared in ("run_dir", "verifier"):
             if shared in data and shared in cls.model_fields and shared not in values:
                 values[shared] = data[shared]

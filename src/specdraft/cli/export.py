@@ -24,6 +24,8 @@ def command(
     embed: Optional[str] = typer.Option(None, help="auto | copy | omit the verifier's embedding."),
     speculative_tokens: Optional[int] = typer.Option(None, help="speculators proposal k."),
     dtype: Optional[str] = typer.Option(None, help="auto | float32 | bfloat16 | float16."),
+    aux_layers: Optional[str] = typer.Option(None, help="Aux ids used at extraction (e.g. 2,15,27)"
+                                             " when RUN/extract/manifest.json does not say."),
     overwrite: Optional[bool] = typer.Option(None, "--overwrite", help="Replace the output."),
     config: Optional[Path] = typer.Option(None, help=CONFIG_OPTION_HELP),
 ) -> None:

@@ -40,13 +40,26 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     try:
         with open(tmp, mode, **kwargs) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
+            with _named(path):
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        with _named(path):
+            fsync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def _named(path: Path) -> Iterator[None]:
+    """An unnamed OSError (disk full at flush/fsync) re-raised naming ``path``."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
+        raise
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -73,26 +73,30 @@ def flag_name(field: str) -> str:
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
-    """One line per problem: ``--flag (field in SOURCE): message``."""
-    lines = [f"invalid settings from {source}:"]
+    """One line: ``invalid settings from SOURCE: --flag (field): message; ...``."""
+    parts = []
     for e in err.errors():
         if not e["loc"]:
-            lines.append(f"  {e['msg']}")
+            parts.append(e["msg"])
             continue
         field = ".".join(str(x) for x in e["loc"])
-        lines.append(f"  {flag_name(str(e['loc'][0]))} ({field}): {e['msg']}")
-    return "\n".join(lines)
+        parts.append(f"{flag_name(str(e['loc'][0]))} ({field}): {e['msg']}")
+    return f"invalid settings from {source}: " + "; ".join(parts)
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; raise :class:`ConfigError` naming the file on any problem."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(path.read_bytes().decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: config file cannot be read ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 (byte offset {err.start})") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

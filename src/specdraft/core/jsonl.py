@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -36,6 +37,18 @@ def repair_torn_tail(path: str | os.PathLike) -> int:
     return len(data) - start
 
 
+@contextlib.contextmanager
+def named_os_error(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise an :class:`OSError` without a file name (a failed write, flush or fsync: disk
+    full, I/O error) with ``path`` as its file name, errno kept, so the message names it."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None and err.errno is not None:
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
+        raise
+
+
 class JsonlWriter:
     """Append-only JSONL writer; each :meth:`write_batch` is flushed and fsynced before return."""
 
@@ -48,9 +61,10 @@ class JsonlWriter:
         """Append records as whole lines, then flush and fsync; return how many were written."""
         lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in records]
         if lines:
-            self._f.write("".join(lines))
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            with named_os_error(self.path):
+                self._f.write("".join(lines))
+                self._f.flush()
+                os.fsync(self._f.fileno())
         return len(lines)
 
     def close(self) -> None:
@@ -63,20 +77,70 @@ class JsonlWriter:
         self.close()
 
 
-def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, record)``; blank lines are skipped.
+def decode_line(raw: bytes, path: str | os.PathLike, lineno: int) -> str:
+    """``raw`` as UTF-8 (a BOM on line 1 is dropped); :class:`InputError` naming ``path:line``
+    and the byte column when it is not UTF-8."""
+    if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}:{lineno}: not UTF-8 (byte 0x{raw[err.start]:02x} at column "
+                         f"{err.start + 1}); re-encode the file as UTF-8") from None
 
-    Raises :class:`InputError` naming ``path:line`` for a line that is not a JSON object.
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, record)``; blank lines are skipped, a UTF-8 BOM and CRLF line ends
+    are accepted.
+
+    Raises :class:`InputError` naming ``path:line`` for a line that is not UTF-8 or not a JSON
+    object, and naming ``path`` when it cannot be opened.
     """
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    try:
+        f = open(path, "rb")
+    except OSError as err:
+        raise InputError(f"{path}: cannot be read ({err.strerror})") from None
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            line = decode_line(raw, path, lineno)
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except ValueError as err:
-                raise InputError(f"{path}:{lineno}: not valid JSON ({err})") from None
+                raise InputError(f"{path}:{lineno}: not valid JSON ({_short(err)})") from None
             if not isinstance(record, dict):
                 raise InputError(f"{path}:{lineno}: expected a JSON object, got "
                                  f"{type(record).__name__}")
             yield lineno, record
+
+
+def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> Any:
+    """The JSON value in ``path`` (UTF-8, BOM accepted).
+
+    Raises :class:`InputError` naming the file, line and column when it cannot be read, is not
+    UTF-8 or is not valid JSON; ``what`` says which file it is (e.g. ``"drafter config.json"``).
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise InputError(f"{path}: {what} cannot be read ({err.strerror})") from None
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputError(f"{path}:{line}: {what} is not UTF-8 (byte 0x{data[err.start]:02x})"
+                         ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{err.lineno}: {what} is not valid JSON ({err.msg} at column "
+                         f"{err.colno})") from None
+
+
+def _short(err: ValueError) -> str:
+    """A JSON error message without a huge echo of the input."""
+    msg = str(err)
+    return msg if len(msg) <= 200 else msg[:200] + "…"

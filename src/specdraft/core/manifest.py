@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from specdraft.core import lock
 from specdraft.core.atomic import atomic_write_json
 from specdraft.core.errors import InputError
 
@@ -55,11 +56,22 @@ def manifest_path(stage_dir: str | os.PathLike) -> Path:
 
 
 def read_manifest(stage_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The stage's manifest, or None if the stage is not complete."""
+    """The stage's manifest, or None if the stage is not complete.
+
+    Raises :class:`~specdraft.core.errors.InputError` naming the file (and line) when it is not
+    UTF-8 JSON or not an object (a manifest is written atomically, so this means it was edited
+    or copied badly: rerun the stage with ``--overwrite``).
+    """
+    from specdraft.core.jsonl import read_json
+
     path = manifest_path(stage_dir)
     if not path.exists():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    data = read_json(path, what="stage manifest")
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}; rerun "
+                         f"the stage with --overwrite")
+    return data
 
 
 def input_hash(stage_dir: str | os.PathLike) -> str:
@@ -131,6 +143,7 @@ def write_manifest(stage_dir: str | os.PathLike, *, stage: str, config: Any, clo
     }
     parse_manifest(manifest, manifest_path(stage_dir))  # a stage never writes a manifest it
     atomic_write_json(manifest_path(stage_dir), manifest)  # could not read back
+    lock.release(stage_dir)  # the stage is complete: another process may take it now
     return manifest
 
 
@@ -310,16 +323,8 @@ def load_stage_manifest(stage_dir: str | os.PathLike) -> Manifest | None:
     Raises :class:`InputError` naming the file when it is not JSON, not an object, or lacks a
     key its stage's class requires.
     """
-    path = manifest_path(stage_dir)
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
-        raise InputError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return parse_manifest(data, path)
+    data = read_manifest(stage_dir)
+    return None if data is None else parse_manifest(data, manifest_path(stage_dir))
 
 
 PROVENANCE = "provenance.json"

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from specdraft.core import lock
 from specdraft.core.atomic import remove_stale_tmp
 from specdraft.core.errors import StageDirError
 from specdraft.core.manifest import MANIFEST, Manifest, load_stage_manifest
@@ -23,30 +24,55 @@ def stage_dir(run_dir: str | Path, stage: str) -> Path:
 
 def open_stage_dir(run_dir: str | Path, stage: str, *, resume: bool = False,
                    overwrite: bool = False) -> Path:
-    """Make ``RUN/<stage>`` ready for writing and return it.
+    """Lock ``RUN/<stage>`` for this process, make it ready for writing and return it.
 
-    - empty or missing: created;
-    - non-empty, neither flag: refused with :class:`StageDirError` (nothing is clobbered);
+    The lock (:mod:`specdraft.core.lock`) is taken first: a second process on the same stage
+    directory is refused with :class:`StageDirError` naming the running one. Then:
+
+    - empty, missing, or holding no work (no manifest, only leftovers of interrupted atomic
+      writes ``*.tmp-*`` / ``*.old-*`` and empty files: what a failed start leaves): cleaned and
+      used as new;
+    - holding work, neither flag: refused with :class:`StageDirError` (nothing is clobbered);
     - ``overwrite``: its content is deleted;
     - ``resume``: kept as is, except the manifest (the stage is being run again) and leftovers of
-      interrupted atomic writes (``*.tmp-*``), which are removed.
+      interrupted atomic writes, which are removed.
     """
     if resume and overwrite:
         raise StageDirError("--resume and --overwrite exclude each other; pass one")
     path = stage_dir(run_dir, stage)
-    if path.exists() and any(path.iterdir()):
-        if overwrite:
-            shutil.rmtree(path)
-        elif resume:
-            (path / MANIFEST).unlink(missing_ok=True)
-            remove_stale_tmp(path)
-        else:
-            state = "complete" if (path / MANIFEST).exists() else "partial"
-            raise StageDirError(
-                f"{path} already holds {state} output of `specdraft {stage}`; pass --resume to "
-                f"continue it or --overwrite to delete it and start over")
-    path.mkdir(parents=True, exist_ok=True)
+    lock.acquire(path, what=f"specdraft {stage}")
+    if overwrite or not holds_work(path):
+        _clear(path)
+    elif resume:
+        (path / MANIFEST).unlink(missing_ok=True)
+        remove_stale_tmp(path)
+    else:
+        state = "complete" if (path / MANIFEST).exists() else "partial"
+        raise StageDirError(
+            f"{path} already holds {state} output of `specdraft {stage}`; pass --resume to "
+            f"continue it or --overwrite to delete it and start over")
     return path
+
+
+def holds_work(path: Path) -> bool:
+    """True when ``path`` holds a manifest or any non-empty file outside the lock and the
+    leftovers of interrupted atomic writes (those are never resumed from)."""
+    if (path / MANIFEST).exists():
+        return True
+    for p in path.rglob("*"):
+        rel = p.relative_to(path)
+        if rel.name == lock.LOCK_FILE or any(".tmp-" in q or ".old-" in q for q in rel.parts):
+            continue
+        if p.is_file() and p.stat().st_size > 0:
+            return True
+    return False
+
+
+def _clear(path: Path) -> None:
+    """Delete everything in ``path`` but the lock file (held by this process)."""
+    for p in path.iterdir():
+        if p.name != lock.LOCK_FILE:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 def require_stage(run_dir: str | Path, stage: str) -> Manifest:

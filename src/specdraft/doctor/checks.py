@@ -17,7 +17,8 @@ from typing import Any, Callable
 import torch
 
 from specdraft.core.chat import DEFAULT_THINK, ChatFormat
-from specdraft.core.conventions import vocab_map_problems
+from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
+from specdraft.core.errors import ConfigError
 from specdraft.core.manifest import ExtractManifest, PrepareManifest
 from specdraft.export.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
 from specdraft.export.reader import DrafterOnDisk
@@ -96,14 +97,18 @@ def check_aux_ids(s: Subject) -> Check:
             or s.drafter.config.aux_layer_ids]
     n = s.vcfg.num_hidden_layers
     problems = []
+    if s.extract is not None and not s.extract.aux_layer_ids:
+        problems.append("RUN/extract/manifest.json has no aux_layer_ids: the drafter's ids "
+                        "cannot be checked against the extracted features (re-run extract)")
     for engine, ids in _engine_readings(s.drafter).items():
         if ids is None:
             problems.append(f"{engine}: no aux ids where it reads them")
         elif ids != want:
             problems.append(f"{engine} would capture hidden_states {ids}, trained on {want}")
-    bad = [i for i in want if not 1 <= i < n]
-    if bad:
-        problems.append(f"ids {bad} outside [1, {n - 1}] (engines capture before a layer)")
+    try:
+        check_aux_layer_ids(want, n, source="aux ids")
+    except ConfigError as err:
+        problems.append(str(err))
     if s.drafter.format in ("sglang", "vllm") and len(want) != 3:
         problems.append(f"{len(want)} aux layers: vLLM/SGLang build fc for 3")
     return Check("aux ids present, right convention per engine", not problems,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from specdraft.core.config import StageConfig
 
@@ -32,7 +32,18 @@ class ExportConfig(StageConfig):
     embed: Literal["auto", "copy", "omit"] = "auto"
     speculative_tokens: int = Field(3, ge=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    aux_layers: tuple[int, ...] | None = None
     overwrite: bool = False
+
+    @field_validator("aux_layers", mode="before")
+    @classmethod
+    def _parse_aux(cls, v: object) -> object:
+        if isinstance(v, str):
+            try:
+                return tuple(int(x) for x in v.split(",") if x.strip())
+            except ValueError:
+                raise ValueError(f"expected comma-separated layer ids like 2,15,27, got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _need_source(self) -> "ExportConfig":

@@ -6,15 +6,16 @@ returned under specdraft's checkpoint names (``midlayer.*``), whatever the forma
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from specdraft.core.errors import InputError
+from specdraft.core.jsonl import read_json
 from specdraft.export.formats import FORMAT_SPECS, detect_format, drafter_config_from_export, \
     inverse, rename
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
@@ -22,6 +23,13 @@ from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE
 
 EXPORT_CONFIG = "config.json"
 EXPORT_WEIGHTS = "model.safetensors"
+
+_INT = (int,)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    **{k: _INT for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                         "intermediate_size", "max_position_embeddings", "vocab_size",
+                         "draft_vocab_size", "target_hidden_size")},
+    "rms_norm_eps": (float, int), "rope_theta": (float, int)}
 
 
 @dataclass
@@ -38,29 +46,72 @@ class DrafterOnDisk:
 
 def read_drafter(path: str | Path) -> DrafterOnDisk:
     """Read ``path`` (``drafter_config.json`` + ``drafter.safetensors``, or ``config.json`` +
-    ``model.safetensors``). Raises :class:`InputError` naming the missing file or key."""
+    ``model.safetensors``). Raises :class:`InputError` naming the file and the missing or
+    mistyped key, a config that is not JSON, or a weights file that is cut short or corrupt."""
     path = Path(path)
+    if not path.is_dir():
+        raise InputError(f"{path}: drafter directory not found")
     if (path / CONFIG_FILE).exists():
-        cfg = Eagle3Config.from_dict(json.loads((path / CONFIG_FILE).read_text()))
+        raw = _json_object(path / CONFIG_FILE)
+        _check_keys(path / CONFIG_FILE, raw)
+        cfg = _config(path / CONFIG_FILE, lambda: Eagle3Config.from_dict(raw), raw)
         return DrafterOnDisk(path, cfg, _load(path / WEIGHTS_FILE), "specdraft")
     if (path / EXPORT_CONFIG).exists():
-        raw = json.loads((path / EXPORT_CONFIG).read_text())
+        raw = _json_object(path / EXPORT_CONFIG)
         fmt = detect_format(raw)
-        try:
-            cfg = drafter_config_from_export(raw, fmt)
-        except KeyError as err:
-            raise InputError(f"{path / EXPORT_CONFIG}: missing key {err} for the {fmt} "
-                             f"format") from None
+        cfg = _config(path / EXPORT_CONFIG, lambda: drafter_config_from_export(raw, fmt), raw,
+                      fmt=fmt)
         state = rename(_load(path / EXPORT_WEIGHTS), inverse(FORMAT_SPECS[fmt].rename))
         return DrafterOnDisk(path, cfg, state, fmt, raw)
     raise InputError(f"{path}: neither a specdraft drafter ({CONFIG_FILE}) nor an exported "
                      f"drafter ({EXPORT_CONFIG})")
 
 
+def _json_object(path: Path) -> dict[str, Any]:
+    raw = read_json(path, what="drafter config")
+    if not isinstance(raw, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _check_keys(path: Path, raw: dict[str, Any]) -> None:
+    """Missing and unknown keys of a specdraft drafter config, named (a renamed key shows as
+    both)."""
+    known = {f.name for f in fields(Eagle3Config)}
+    required = {f.name for f in fields(Eagle3Config)
+                if f.default is MISSING and f.default_factory is MISSING}
+    missing, unknown = sorted(required - set(raw)), sorted(set(raw) - known)
+    if missing or unknown:
+        raise InputError(f"{path}: missing key(s) {missing}, unknown key(s) {unknown} for a "
+                         f"specdraft drafter config")
+
+
+def _config(path: Path, build: Callable[[], Eagle3Config], raw: dict[str, Any], *,
+            fmt: str = "specdraft") -> Eagle3Config:
+    """``build()``, with its KeyError / TypeError / ValueError turned into an
+    :class:`InputError` naming ``path`` and the key; field types are checked afterwards."""
+    try:
+        cfg = build()
+    except KeyError as err:
+        raise InputError(f"{path}: missing key {err} for the {fmt} format") from None
+    except (TypeError, ValueError, AttributeError) as err:
+        raise InputError(f"{path}: not a valid {fmt} drafter config ({err})") from None
+    for f in fields(cfg):
+        value, want = getattr(cfg, f.name), _FIELD_TYPES.get(f.name)
+        if want is not None and (isinstance(value, bool) or not isinstance(value, want)):
+            raise InputError(f"{path}: key {f.name!r} must be {want[0].__name__}, got "
+                             f"{type(value).__name__} {value!r}")
+    return cfg
+
+
 def _load(path: Path) -> dict[str, torch.Tensor]:
     if not path.exists():
         raise InputError(f"{path} not found")
-    return load_file(str(path))
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise InputError(f"{path}: not a readable safetensors file (cut short or corrupt: "
+                         f"{err})") from None
 
 
 def build_model(d: DrafterOnDisk, *, verifier_embed: torch.Tensor | None = None,

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdraft.core.atomic import atomic_dir, atomic_write_json
-from specdraft.core.errors import InputError, StageDirError
+from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, load_stage_manifest,
                                      utc_now, write_manifest, write_provenance)
 from specdraft.core.rundir import open_stage_dir, stage_dir
@@ -44,10 +44,11 @@ def out_dir(config: ExportConfig) -> Path:
 
 def upstream_facts(config: ExportConfig) -> dict[str, Any]:
     """Extraction aux ids and layer count, verifier embedding / name / architectures, and the
-    hashes of the upstream manifests read. Missing upstream pieces are None."""
+    hashes of the upstream manifests read. Missing upstream pieces are None (refused later by
+    :func:`missing_facts`); a manifest key of the wrong type raises :class:`InputError`."""
     facts: dict[str, Any] = {"extract_ids": None, "n_layers": None, "embed": None,
                              "verifier_name": config.verifier_name or config.verifier,
-                             "architectures": [], "inputs": {}}
+                             "architectures": [], "inputs": {}, "ids_missing_in": None}
     if config.run_dir is not None:
         for stage in ("extract", "train"):
             if (stage_dir(config.run_dir, stage) / MANIFEST).exists():
@@ -55,14 +56,60 @@ def upstream_facts(config: ExportConfig) -> dict[str, Any]:
         ex = load_stage_manifest(stage_dir(config.run_dir, "extract"))
         if ex is not None:
             facts["extract_ids"] = [int(i) for i in ex.aux_layer_ids] or None
+            facts["ids_missing_in"] = None if facts["extract_ids"] else \
+                stage_dir(config.run_dir, "extract") / MANIFEST
             facts["n_layers"] = ex.n_layers
             facts["verifier_name"] = facts["verifier_name"] or ex.config.get("verifier")
+        else:
+            facts["extract_ids"] = _online_ids(config.run_dir)
         head = stage_dir(config.run_dir, "extract") / HEAD_FILE
         if head.exists():
             facts["embed"] = load_file(str(head)).get("embed_tokens.weight")
+    if facts["extract_ids"] is None and config.aux_layers:
+        facts["extract_ids"] = list(config.aux_layers)
+    elif facts["extract_ids"] and config.aux_layers and \
+            list(config.aux_layers) != facts["extract_ids"]:
+        raise ConfigError(f"--aux-layers {','.join(map(str, config.aux_layers))} differ from "
+                          f"RUN/extract/manifest.json aux_layer_ids {facts['extract_ids']}; drop "
+                          f"--aux-layers (the manifest records what was extracted)")
     if config.verifier is not None:
         _verifier_facts(config.verifier, facts)
     return facts
+
+
+def _online_ids(run_dir: Path) -> list[int] | None:
+    """The aux ids an online training run (no ``RUN/extract``) captured, from
+    ``RUN/train/manifest.json`` (``config.online`` and ``drafter_config.aux_layer_ids``)."""
+    train = load_stage_manifest(stage_dir(run_dir, "train"))
+    if train is None or not train.config.get("online"):
+        return None
+    return [int(i) for i in train.drafter_config.get("aux_layer_ids") or []] or None
+
+
+def missing_facts(config: ExportConfig, trained: dict[str, torch.Tensor], c: Eagle3Config,
+                  facts: dict[str, Any]) -> list[str]:
+    """The facts an export must be checked against and that are unknown, each with how to
+    supply it: the aux ids used at extraction, the verifier's layer count, and the verifier's
+    embedding when the trained state holds one. An export is refused, never guessed."""
+    problems = []
+    ids = list(c.aux_layer_ids)
+    if facts["extract_ids"] is None:
+        where = facts["ids_missing_in"]
+        problems.append(
+            (f"{where} has no aux_layer_ids (missing or empty)" if where else
+             "no record of the aux ids the features were extracted with (no "
+             "RUN/extract/manifest.json)") +
+            f": the drafter's aux ids {ids} cannot be checked; re-run `specdraft extract`, or "
+            f"pass --aux-layers {','.join(map(str, ids))} if those are the ids used at extraction")
+    if facts["n_layers"] is None:
+        problems.append("the verifier's layer count is unknown (no n_layers in "
+                        "RUN/extract/manifest.json): the aux ids' range cannot be checked; pass "
+                        "--verifier")
+    if facts["embed"] is None and "embed_tokens.weight" in trained:
+        problems.append("the verifier's embedding is unknown (no "
+                        "RUN/extract/verifier_head.safetensors): the trained embed_tokens.weight "
+                        "cannot be checked to be the verifier's; pass --verifier")
+    return problems
 
 
 def _verifier_facts(verifier: str, facts: dict[str, Any]) -> None:
@@ -145,7 +192,8 @@ def run(config: ExportConfig) -> dict[str, Any]:
         raise StageDirError(f"{out} exists; pass --overwrite to replace it")
     facts = upstream_facts(config)
     cfg, tensors = candidate(config, src.config, src.state, facts)
-    problems = embed_problems(config, src.state, facts["embed"])
+    problems = missing_facts(config, src.state, src.config, facts)
+    problems += embed_problems(config, src.state, facts["embed"])
     problems += check_export(config.format, cfg, tensors, src.config, trained=src.state,
                              verifier_embed=facts["embed"], extract_ids=facts["extract_ids"],
                              n_layers=facts["n_layers"])

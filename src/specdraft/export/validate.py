@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from specdraft.core.conventions import vocab_map_problems
-from specdraft.core.errors import SpecdraftError
+from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
+from specdraft.core.errors import ConfigError, SpecdraftError
 from specdraft.export.formats import FORMAT_SPECS, inverse
 from specdraft.models.eagle3 import Eagle3Config
 
@@ -47,8 +47,9 @@ class ExportRefused(SpecdraftError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
-        super().__init__("export refused, nothing written:\n" +
-                         "\n".join(f"  - {p}" for p in problems))
+        super().__init__(f"export refused, nothing written ({len(problems)} problem"
+                         f"{'s' if len(problems) != 1 else ''}): " +
+                         " ".join(f"[{i}] {p}" for i, p in enumerate(problems, 1)))
 
 
 def required_keys(fmt: str) -> tuple[str, ...]:
@@ -165,9 +166,11 @@ def check_aux_ids(fmt: str, cfg: dict[str, Any], c: Eagle3Config,
     if extract_ids is not None and list(extract_ids) != list(c.aux_layer_ids):
         problems.append(f"aux ids {list(c.aux_layer_ids)} differ from the ids used at extraction "
                         f"{list(extract_ids)} (RUN/extract/manifest.json aux_layer_ids)")
-    if n_layers is not None and fmt != "speculators" and n_layers in c.aux_layer_ids:
-        problems.append(f"aux id {n_layers} (= HF hidden_states[N], after the final norm) is "
-                        f"not captured by the engines (they capture before a decoder layer)")
+    if n_layers is not None:
+        try:
+            check_aux_layer_ids(list(c.aux_layer_ids), n_layers, source="drafter aux ids")
+        except ConfigError as err:
+            problems.append(str(err))
     return problems
 
 

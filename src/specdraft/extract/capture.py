@@ -4,9 +4,9 @@ The convention (the same as vLLM's and SGLang's default EAGLE-3 capture; EAGLE-3
 arXiv 2503.01840, and ``vllm/model_executor/models/llama_eagle3.py``):
 
 - aux id ``i`` is HF ``hidden_states[i]``: the input to decoder layer ``i`` (the output of layer
-  ``i-1``). Id 0 would be the embedding output and is never taken; ids outside ``[1, N]`` for an
-  N-layer verifier are refused. Id ``N`` is HF ``hidden_states[N]``, which transformers ties to
-  ``last_hidden_state`` (after the final norm).
+  ``i-1``). Valid ids and the default: :mod:`specdraft.core.conventions` (``[1, N-1]``,
+  increasing). :func:`capture` itself can take id ``N``, HF ``hidden_states[N]``, which
+  transformers ties to ``last_hidden_state`` (after the final norm; the engines never capture it).
 - the final hidden state is the output of the verifier's final norm (``model.model.norm``), i.e.
   ``last_hidden_state``; ``lm_head(final)`` gives the verifier's logits (tested).
 
@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specdraft.core.conventions import check_aux_layer_ids, default_aux_layer_ids
 from specdraft.core.errors import ConfigError
 from specdraft.core.conventions import supervised_mask
 from specdraft.extract.batching import Padded
@@ -28,8 +29,8 @@ from specdraft.extract.storage import Codec, encode
 
 CONVENTION = (
     "aux id i = HF hidden_states[i] = the input to decoder layer i (the output of layer i-1); "
-    "id 0 (embedding output) is never taken, ids outside [1, N] are refused, id N = HF "
-    "hidden_states[N] = last_hidden_state (after the final norm). final_hidden = the output of "
+    "id 0 (embedding output) is never taken, ids outside [1, N-1] are refused (HF "
+    "hidden_states[N] is after the final norm, which the engines never capture). final_hidden = the output of "
     "the verifier's final norm (HF last_hidden_state), so lm_head(final_hidden) = the verifier's "
     "logits; it is stored at the positions p with loss_mask[p+1] == 1 (it predicts token p+1).")
 
@@ -54,27 +55,17 @@ def num_layers(model: Any) -> int:
 
 
 def default_aux_ids(n_layers: int) -> tuple[int, ...]:
-    """``(2, N//2, N-3)``: vLLM's and SGLang's default EAGLE-3 capture for an N-layer verifier."""
-    return (2, n_layers // 2, n_layers - 3)
+    """The default aux ids: :func:`specdraft.core.conventions.default_aux_layer_ids` (vLLM's and
+    SGLang's ``(2, N//2, N-3)`` when valid, else spread over ``[1, N-1]``)."""
+    return tuple(default_aux_layer_ids(n_layers))
 
 
-def check_aux_ids(ids: Sequence[int], n_layers: int) -> tuple[int, ...]:
-    """Validate aux ids against the convention; return them as a tuple (order kept).
-
-    Raises :class:`ConfigError` (naming ``--aux-layers``) for an id outside ``[1, N]``, a
-    duplicate, or an empty list.
+def check_aux_ids(ids: Sequence[int], n_layers: int, *, source: str = "--aux-layers"
+                  ) -> tuple[int, ...]:
+    """Validate aux ids (:func:`specdraft.core.conventions.check_aux_layer_ids`: ``[1, N-1]``,
+    distinct, increasing); return them as a tuple. Raises :class:`ConfigError` naming ``source``.
     """
-    ids = tuple(int(i) for i in ids)
-    if not ids:
-        raise ConfigError("--aux-layers: give at least one layer id")
-    bad = [i for i in ids if not 1 <= i <= n_layers]
-    if bad:
-        raise ConfigError(f"--aux-layers {','.join(map(str, ids))}: ids {bad} are outside "
-                          f"[1, {n_layers}] for this {n_layers}-layer verifier (id i = input to "
-                          f"decoder layer i; id 0, the embedding output, is never taken)")
-    if len(set(ids)) != len(ids):
-        raise ConfigError(f"--aux-layers {','.join(map(str, ids))}: duplicate ids")
-    return ids
+    return tuple(check_aux_layer_ids(list(ids), n_layers, source=source))
 
 
 def model_device(model: Any) -> torch.device:

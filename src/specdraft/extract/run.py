@@ -371,7 +371,8 @@ def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
              ) -> dict[str, Any]:
     """Everything the ranks share: aux ids, codec, keys, lengths, the plan, shard metadata."""
     n_layers, hidden = _shape(model)
-    aux_ids = check_aux_ids(config.aux_layers or default_aux_ids(n_layers), n_layers)
+    aux_ids = (check_aux_ids(config.aux_layers, n_layers) if config.aux_layers
+               else default_aux_ids(n_layers))
     keys, seq_lens = _row_table(ds)
     n_sup = _n_sup(ds)
     codec: Codec = CODECS[config.storage]

@@ -123,6 +123,8 @@ class RankWriter:
             raise RuntimeError(f"rank {self.rank}: shards {sorted(self.remaining)} incomplete")
 
     def _raise(self) -> None:
+        if isinstance(self._error, OSError):  # disk full, read-only: the CLI reports it as is
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"extract writer thread of rank {self.rank} failed") \
                 from self._error

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from specdraft.core.assets import resolve_path
 from specdraft.core.errors import InputError
-from specdraft.core.jsonl import iter_jsonl
+from specdraft.core.jsonl import iter_jsonl, read_json
 
 _SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                    "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant",
@@ -72,10 +72,7 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _json_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise InputError(f"{path}: not valid JSON ({err})") from None
+    data = read_json(path, what="--prompts file")
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
@@ -182,7 +179,8 @@ def read_prompts(path: str | Path, **kwargs: Any) -> tuple[list[Prompt], list[Pr
 
     Hashed ids that repeat are the same conversation: the later ones are returned in
     ``duplicates`` (the run rejects them with reason ``duplicate``). A *given* id that repeats is
-    an :class:`InputError` naming both places. ``kwargs`` go to :func:`parse_row`.
+    an :class:`InputError` naming both places, and so is a file without any row. ``kwargs`` go
+    to :func:`parse_row`.
     """
     seen: dict[str, Prompt] = {}
     dups: list[Prompt] = []
@@ -195,4 +193,7 @@ def read_prompts(path: str | Path, **kwargs: Any) -> tuple[list[Prompt], list[Pr
             dups.append(p)
         else:
             seen[p.id] = p
+    if not seen:
+        raise InputError(f"--prompts {path}: no prompt rows (the file is empty or holds only "
+                         f"blank lines)")
     return list(seen.values()), dups

@@ -52,6 +52,10 @@ class PipelineConfig:
                   "verifier": data.get("verifier", "smollm2"), "device": data.get("device", "cpu")}
         if not shared["run_dir"]:
             raise ConfigError(f"{path}: set `run_dir:` (or pass --run-dir)")
+        for spec in STAGES:
+            if not isinstance(data.get(spec.name) or {}, dict):
+                raise ConfigError(f"{path}: section `{spec.name}` must be a mapping, got "
+                                  f"{type(data[spec.name]).__name__}")
         sections = {spec.name: dict(data.get(spec.name) or {}) for spec in STAGES}
         _eval_the_export(sections, shared["run_dir"])
         stages = {spec.name: _stage_config(spec, sections[spec.name], shared, path)

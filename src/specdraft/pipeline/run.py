@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from specdraft.core import lock
 from specdraft.core.atomic import atomic_write_json
 from specdraft.core.config import StageConfig
 from specdraft.core.errors import ConfigError
@@ -106,6 +107,7 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
     stream = stream or sys.stderr
     clock = StageClock()
     run_dir = config.run_dir
+    lock.acquire(stage_dir(run_dir, "run"), what="specdraft run")
     state_path = stage_dir(run_dir, "run") / STATE_FILE
     started = json.loads(state_path.read_text()) if state_path.exists() else {}
     verifier = SharedVerifier(stream)
@@ -156,4 +158,5 @@ def _finish(config: PipelineConfig, actions: dict[str, str], clock: StageClock,
                 "stage_elapsed_s": {n: m.elapsed_s if m else None for n, m in manifests.items()},
                 "stage_configs": {n: c.to_dict() for n, c in config.stages.items()}}
     atomic_write_json(Path(out) / MANIFEST, manifest)
+    lock.release(out)
     return manifest

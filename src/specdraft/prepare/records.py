@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from specdraft.core.errors import InputError
-from specdraft.core.jsonl import iter_jsonl
+from specdraft.core.jsonl import iter_jsonl, read_json
+from specdraft.generate.reasoning import split_inline
 from specdraft.prepare.turns import TurnRejected
 
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -45,10 +46,13 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
     if path.is_dir() or path.suffix == ".parquet":
         yield from _iter_dataset(path)
     elif path.suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, what="--data file")
         if not isinstance(data, list):
             raise InputError(f"{path}: expected a JSON list of conversations")
-        yield from ((f"{path}[{i}]", r) for i, r in enumerate(data))
+        for i, r in enumerate(data):
+            if not isinstance(r, dict):
+                raise InputError(f"{path}[{i}]: expected a JSON object, got {type(r).__name__}")
+            yield f"{path}[{i}]", r
     elif path.exists():
         yield from ((f"{path}:{n}", r) for n, r in iter_jsonl(path))
     else:
@@ -68,14 +72,18 @@ def _iter_dataset(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def to_sample(record: dict[str, Any], where: str, default_kwargs: dict[str, Any]) -> Sample:
     """Normalize a record; raises :class:`TurnRejected` (``bad_record``) naming what is wrong."""
-    sample_id = str(record.get("id") or where)
+    sample_id = _sample_id(record, where)
     if isinstance(record.get("messages"), list):
-        messages = [dict(m) for m in record["messages"]]
+        messages = [_message(m, i, where) for i, m in enumerate(record["messages"])]
     elif isinstance(record.get("conversations"), list):
-        messages = [_from_sharegpt(m, where) for m in record["conversations"]]
+        messages = [_from_sharegpt(_message(m, i, where, sharegpt=True), where)
+                    for i, m in enumerate(record["conversations"])]
     else:
         raise TurnRejected("bad_record", f"{where}: no 'messages' or 'conversations' list")
     turns = record.get("turns")
+    if turns is not None and not (isinstance(turns, list)
+                                  and all(isinstance(t, dict) for t in turns)):
+        raise TurnRejected("bad_record", f"{where}: 'turns' must be a list of objects")
     if turns is None:
         turns = [{"message_index": i, "finish_reason": m.get("finish_reason") or "stop",
                   "completion_token_ids": m.get("completion_token_ids")}
@@ -85,6 +93,63 @@ def to_sample(record: dict[str, Any], where: str, default_kwargs: dict[str, Any]
     return Sample(id=sample_id, messages=messages, turns=list(turns),
                   tools=_tools(record.get("tools"), where),
                   kwargs=dict(default_kwargs if kwargs is None else kwargs))
+
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+def _sample_id(record: dict[str, Any], where: str) -> str:
+    sample_id = record.get("id")
+    if sample_id in (None, ""):
+        return where
+    if not isinstance(sample_id, (str, int)) or isinstance(sample_id, bool):
+        raise TurnRejected("bad_record", f"{where}: 'id' must be a string or an integer, got "
+                           f"{type(sample_id).__name__}")
+    return str(sample_id)
+
+
+def _message(m: Any, i: int, where: str, *, sharegpt: bool = False) -> dict[str, Any]:
+    """A copy of message ``i``, checked: an object with a known string role and a string (or
+    null, or OpenAI content-parts list) text; raises ``bad_record`` naming what is wrong."""
+    if not isinstance(m, dict):
+        raise TurnRejected("bad_record", f"{where}: message {i} is a {type(m).__name__}, "
+                           f"not an object")
+    role_key, text_key = ("from", "value") if sharegpt else ("role", "content")
+    role = m.get(role_key)
+    if not isinstance(role, str):
+        raise TurnRejected("bad_record", f"{where}: message {i} {role_key!r} must be a string, "
+                           f"got {type(role).__name__}")
+    if not sharegpt and role not in _ROLES:
+        raise TurnRejected("bad_record", f"{where}: message {i} has unknown role {role!r} "
+                           f"(expected one of {sorted(_ROLES)})")
+    text = m.get(text_key)
+    if text is not None and not isinstance(text, (str, list)):
+        raise TurnRejected("bad_record", f"{where}: message {i} {text_key!r} must be a string, "
+                           f"got {type(text).__name__}")
+    return dict(m)
+
+
+def split_inline_reasoning(sample: Sample, tags: tuple[str, str]) -> Sample:
+    """``sample`` with think blocks inline in assistant ``content`` moved to ``reasoning``, as
+    ``generate`` stores them (:func:`specdraft.generate.reasoning.split_inline`, same rules).
+
+    Messages that already carry a reasoning field are kept as they are. A malformed block (two
+    closers, an opener without closer, ...) raises ``malformed_think`` naming the message.
+    """
+    messages = []
+    for i, m in enumerate(sample.messages):
+        content = m.get("content")
+        if (m.get("role") != "assistant" or not isinstance(content, str)
+                or any(isinstance(m.get(k), str) and m[k].strip()
+                       for k in ("reasoning", "reasoning_content", "thinking"))
+                or not (tags[0] in content or tags[1] in content)):
+            messages.append(m)
+            continue
+        split = split_inline(content, open_tag=tags[0], close_tag=tags[1])
+        if split.problem:
+            raise TurnRejected("malformed_think", f"message {i}: {split.problem}")
+        messages.append({**m, "content": split.content, "reasoning": split.reasoning})
+    return replace(sample, messages=messages)
 
 
 def _check_turns(messages: list[dict[str, Any]], turns: list[dict[str, Any]], where: str) -> None:

@@ -21,7 +21,8 @@ from specdraft.core.manifest import StageClock, input_hash, path_sha256, write_m
 from specdraft.core.rejects import Rejects
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
 from specdraft.prepare.config import PrepareConfig
-from specdraft.prepare.records import Sample, iter_records, iter_turns, to_sample
+from specdraft.prepare.records import (Sample, iter_records, iter_turns, split_inline_reasoning,
+                                       to_sample)
 from specdraft.prepare.stats import Summary
 from specdraft.prepare.turns import Rules, Turn, TurnRejected, encode_turn
 from specdraft.prepare.writer import DatasetWriter
@@ -100,6 +101,7 @@ class _Job:
     def __init__(self, config: PrepareConfig, renderer: Renderer, rules: Rules,
                  out: Path, vocab_size: int) -> None:
         self.config, self.renderer, self.rules = config, renderer, rules
+        self.think_tags = rules.think or tpl.DEFAULT_THINK
         self.rejects = Rejects(out, filename=f"rejects.jsonl.tmp-{os.getpid()}")
         self.writer = DatasetWriter(out / f"dataset.arrow.tmp-{os.getpid()}")
         self.summary = Summary(vocab_size)
@@ -111,6 +113,7 @@ class _Job:
         self.summary.samples_in += 1
         try:
             sample = to_sample(record, where, self.config.chat_template_kwargs)
+            sample = split_inline_reasoning(sample, self.think_tags)
         except TurnRejected as err:
             self.rejects.add(str(record.get("id") or where), err.reason, err.detail, where=where)
             return
