@@ -78,13 +78,13 @@ def test_typed_manifest_names_the_missing_key(tmp_path):
     d = tmp_path / "extract"
     d.mkdir()
     base = {"stage": "extract", "config": {}, "config_hash": "x", "started_at": "t",
-            "finished_at": "t", "elapsed_s": 1.0, "n_layers": 4, "hidden_size": 8,
+            "finished_at": "t", "elapsed_s": 1.0, "n_layers": 4, "aux_layer_ids": [1, 2, 3],
             "vocab_size": 10, "storage": {"format": "bf16"}}
-    (d / "manifest.json").write_text(json.dumps(base))      # aux_layer_ids missing
-    with pytest.raises(InputError, match=r"extract/manifest.json: key `aux_layer_ids`: "
+    (d / "manifest.json").write_text(json.dumps(base))      # hidden_size missing
+    with pytest.raises(InputError, match=r"extract/manifest.json: key `hidden_size`: "
                                          r"Field required"):
         require_stage(tmp_path, "extract")
-    (d / "manifest.json").write_text(json.dumps({**base, "aux_layer_ids": [1, 2, 3]}))
+    (d / "manifest.json").write_text(json.dumps({**base, "hidden_size": 8}))
     assert require_stage(tmp_path, "extract").aux_layer_ids == [1, 2, 3]
     (d / "manifest.json").write_text("{not json")
     with pytest.raises(InputError, match="not valid JSON"):

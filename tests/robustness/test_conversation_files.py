@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import final_names, write_lines
+from malformed import final_names, write_lines
 
 GOOD = {"id": "good", "messages": [{"role": "user", "content": "Hi"},
                                    {"role": "assistant", "content": "Hello!"}]}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_lines
+from malformed import write_lines
 from specdraft.generate.fakeserver import LoopbackServer
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -87,7 +87,8 @@ def test_lock_released_when_the_stage_completes(tmp_path):
     out = open_stage_dir(tmp_path, "vocab")
     assert lock.holds(out)
     assert open_stage_dir(tmp_path, "vocab", resume=True) == out  # same process: re-entrant
-    write_manifest(out, stage="vocab", config=Cfg(), clock=StageClock())
+    write_manifest(out, stage="vocab", config=Cfg(), clock=StageClock(), extra={"vocab": {
+        "draft_vocab_size": 1, "verifier_vocab_size": 1, "coverage": 1.0}})
     assert not lock.holds(out)
     holder = _holder(out)  # another process can take it now
     _kill(holder)

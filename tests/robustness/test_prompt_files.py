@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import final_names, write_lines
+from malformed import final_names, write_lines
 from specdraft.generate.fakeserver import LoopbackServer
 
 Q1, Q2 = {"question": "What is 2+2?"}, {"question": "Name a colour."}

@@ -10,9 +10,10 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from conftest import final_names, write_lines
+from malformed import final_names, write_lines
 from specdraft.core.config import StageConfig
 from specdraft.core.manifest import StageClock, write_manifest
+from stubs import write_stub_manifest
 from specdraft.models.io import save_drafter
 from test_drafter_dirs import _tiny
 
@@ -31,9 +32,13 @@ def make_run(run, *, extract: dict | None = None, head: bool = True):
         save_file({"embed_tokens.weight": m.embed_tokens.weight.detach().clone()},
                   str(ex / "verifier_head.safetensors"))
     facts = {"aux_layer_ids": [1, 2, 3], "n_layers": 6} if extract is None else extract
-    write_manifest(ex, stage="extract", config=Upstream(), clock=StageClock(), extra=facts)
+    write_manifest(ex, stage="extract", config=Upstream(), clock=StageClock(),
+                   extra={"hidden_size": m.config.target_hidden_size,
+                          "vocab_size": m.config.vocab_size, "storage": {"format": "bf16"},
+                          **facts})
     save_drafter(m, run / "train" / "best")
-    write_manifest(run / "train", stage="train", config=Upstream(), clock=StageClock())
+    write_manifest(run / "train", stage="train", config=Upstream(), clock=StageClock(),
+                   extra={"steps": 1, "drafter_config": m.config.to_dict()})
     return run
 
 
@@ -108,9 +113,9 @@ DAMAGED = [
     ("manifest_not_object", _write("extract/manifest.json", b"[]"),
      ["{run}/extract/manifest.json", "expected a JSON object"]),
     ("aux_ids_wrong_type", _manifest_edit(lambda m: m.__setitem__("aux_layer_ids", "1,2,3")),
-     ["{run}/extract/manifest.json", "'aux_layer_ids' must be a list of integers"]),
-    ("layer_count_wrong_type", _manifest_edit(lambda m: m.__setitem__("n_layers", "6")),
-     ["{run}/extract/manifest.json", "'n_layers' must be an integer"]),
+     ["{run}/extract/manifest.json", "key `aux_layer_ids`", "valid list"]),
+    ("layer_count_wrong_type", _manifest_edit(lambda m: m.__setitem__("n_layers", "six")),
+     ["{run}/extract/manifest.json", "key `n_layers`", "valid integer"]),
     ("drafter_weights_cut", _cut("train/best/drafter.safetensors"),
      ["{run}/train/best/drafter.safetensors", "cut short or corrupt"]),
     ("drafter_config_not_json", _cut("train/best/drafter_config.json"),
@@ -143,7 +148,7 @@ def test_prepare_names_the_bad_samples_line(tmp_path, cli, smollm2_tokenizer_dir
     gen = tmp_path / "run" / "generate"
     gen.mkdir(parents=True)
     write_lines(gen / "samples.jsonl", lines)
-    (gen / "manifest.json").write_text(json.dumps({"stage": "generate"}))
+    write_stub_manifest(gen, "generate")
     err = cli("prepare", "--run-dir", tmp_path / "run", "--tokenizer",
               smollm2_tokenizer_dir).error
     assert all(n in err for n in needles), err

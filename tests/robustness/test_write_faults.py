@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import write_lines
+from malformed import write_lines
 from specdraft.generate.fakeserver import LoopbackServer
 
 TESTS = Path(__file__).resolve().parents[1]

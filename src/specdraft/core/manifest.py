@@ -244,8 +244,11 @@ class StorageFacts(BaseModel):
 
 
 class ExtractManifest(Manifest):
-    aux_layer_ids: list[int]
-    n_layers: int
+    """``aux_layer_ids`` and ``n_layers`` may be absent (an edited manifest): readers that need
+    them refuse with how to supply them (export's ``--aux-layers`` / ``--verifier``)."""
+
+    aux_layer_ids: list[int] = []
+    n_layers: int | None = None
     hidden_size: int
     vocab_size: int
     storage: StorageFacts

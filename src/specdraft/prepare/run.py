@@ -14,8 +14,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from specdraft.core.chat import (CHAT_FORMAT_FILE, ChatFormat, Renderer, added_token_ids,
-                                 byte_fallback_ids, message_reasoning, template_special_ids)
+from specdraft.core.chat import (CHAT_FORMAT_FILE, DEFAULT_THINK, ChatFormat, Renderer,
+                                 added_token_ids, byte_fallback_ids, message_reasoning,
+                                 template_special_ids)
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.manifest import StageClock, input_hash, path_sha256, write_manifest
 from specdraft.core.rejects import Rejects
@@ -101,7 +102,7 @@ class _Job:
     def __init__(self, config: PrepareConfig, renderer: Renderer, rules: Rules,
                  out: Path, vocab_size: int) -> None:
         self.config, self.renderer, self.rules = config, renderer, rules
-        self.think_tags = rules.think or tpl.DEFAULT_THINK
+        self.think_tags = rules.think or DEFAULT_THINK
         self.rejects = Rejects(out, filename=f"rejects.jsonl.tmp-{os.getpid()}")
         self.writer = DatasetWriter(out / f"dataset.arrow.tmp-{os.getpid()}")
         self.summary = Summary(vocab_size)
