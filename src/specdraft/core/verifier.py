@@ -85,3 +85,49 @@ def load_verifier(path: str | os.PathLike, *, dtype: str = "auto", device: str =
     if device_map is None:
         model = model.to(device)
     return model.eval()
+
+
+#: Written last into a converted directory: the source GGUF's size and mtime (cache key).
+HF_MARKER = "specdraft-converted.json"
+
+
+def gguf_to_hf_dir(path: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """An HF model directory (float32 safetensors + tokenizer + chat template) for a ``.gguf``
+    verifier, so that an engine (vLLM, SGLang) can serve the very weights we evaluate with.
+
+    transformers 5 refuses ``save_pretrained`` on a GGUF-loaded model, so the dequantized state
+    dict is copied into a plain ``AutoModelForCausalLM`` built from the same config. Cached: when
+    ``out`` holds a conversion of the same file (:data:`HF_MARKER`: size and mtime) it is
+    returned as is (SmolLM2-135M: ~75 s on 2 CPU cores the first time). Written atomically.
+    ``path``: a ``.gguf`` file or ``"smollm2"``. Raises :class:`ConfigError` for anything else.
+    """
+    import copy
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specdraft.core.atomic import atomic_dir
+
+    directory, gguf_file = resolve_verifier(path)
+    if gguf_file is None:
+        raise ConfigError(f"{path}: not a .gguf verifier (an HF directory needs no conversion)")
+    src = Path(directory) / gguf_file
+    key = {"source": str(src.resolve()), "bytes": src.stat().st_size,
+           "mtime": int(src.stat().st_mtime)}
+    out = Path(out)
+    marker = out / HF_MARKER
+    if marker.exists() and json.loads(marker.read_text()) == key:
+        return out
+    loaded = load_verifier(path, dtype="float32")
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):  # the weights saved are plain float32
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.generation_config = loaded.generation_config
+    with atomic_dir(out) as tmp:
+        plain.save_pretrained(tmp)
+        load_tokenizer(path).save_pretrained(tmp)
+        (tmp / HF_MARKER).write_text(json.dumps(key))
+    return out

@@ -66,7 +66,8 @@ def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
 
 def offline_eval(config: EvalConfig, verifier: Any, tokenizer: Any,
                  prompts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Speculative decoding over ``prompts``; aggregate and per-prompt figures."""
+    """Speculative decoding over ``prompts`` (each with its rendered ``prompt_ids``);
+    aggregate and per-prompt figures (with the committed token ids)."""
     from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
 
     model = load_drafter_model(config, verifier)
@@ -75,13 +76,13 @@ def offline_eval(config: EvalConfig, verifier: Any, tokenizer: Any,
     eos = eos_ids(tokenizer, verifier)
     for p in prompts:
         g = generate(VerifierSession(verifier, model.config.aux_layer_ids), EagleDrafter(model),
-                     render(tokenizer, p["messages"]), k=config.k,
+                     p["prompt_ids"], k=config.k,
                      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                      eos_ids=eos, generator=gen)
         stats.extend(g.stats)
         tokens += len(g.tokens)
         seconds += g.seconds
-        rows.append({"id": p["id"], **g.summary()})
+        rows.append({"id": p["id"], **g.summary(), "tokens": list(g.tokens)})
         print(f"eval: {p['id']}: tau {g.stats.tau:.2f}, {len(g.tokens)} tokens", file=sys.stderr)
     return {**stats.summary(), "new_tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "prompts": rows,
@@ -106,20 +107,74 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
         tokenizer = load_tokenizer(config.verifier)
         if verifier is None:
             verifier = load_verifier(config.verifier, dtype=config.dtype, device=config.device)
+        for p in prompts:
+            p["prompt_ids"] = render(tokenizer, p["messages"])
         results = offline_eval(config, verifier, tokenizer, prompts)
+        if config.engine != "none":
+            results["engine"] = measure_engine(config, prompts, out, results, verifier,
+                                               eos_ids(tokenizer, verifier))
     results = {"mode": "server" if config.server else "offline", "k": config.k,
                "temperature": config.temperature, "verifier": config.verifier,
                "drafter": None if config.server else str(drafter_dir(config)), **results}
     atomic_write_json(out / "results.json", results)
-    if results.get("per_position"):
-        plot_acceptance(results["per_position"], out / "acceptance.png",
-                        title=f"tau {results['tau']:.2f}, k={config.k}, T={config.temperature}")
-    return write_manifest(out, stage=STAGE, config=config, clock=clock,
-                          inputs=_inputs(config),
-                          counts={"prompts": len(prompts), "new_tokens": results["new_tokens"]},
-                          extra={k: results.get(k) for k in
-                                 ("tau", "acceptance_rate", "per_position", "tokens_per_s",
-                                  "verify_steps", "mode")})
+    write_plot(results, out, config)
+    manifest = write_manifest(out, stage=STAGE, config=config, clock=clock,
+                              inputs=_inputs(config),
+                              counts={"prompts": len(prompts),
+                                      "new_tokens": results["new_tokens"]},
+                              extra={**{k: results.get(k) for k in
+                                        ("tau", "acceptance_rate", "per_position",
+                                         "tokens_per_s", "verify_steps", "mode")},
+                                     "engine": engine_extract(results.get("engine"))})
+    if results.get("engine") and config.engine == "vllm":
+        from specdraft.eval.engine import check_agreement
+
+        check_agreement(config, results["engine"], verifier)
+    return manifest
+
+
+def measure_engine(config: EvalConfig, prompts: list[dict[str, Any]], out: Path,
+                   offline: dict[str, Any], verifier: Any, stop_ids: list[int]
+                   ) -> dict[str, Any]:
+    """The engine's figures (:mod:`specdraft.eval.engine`, :mod:`specdraft.eval.sglang`)."""
+    if config.engine == "vllm":
+        from specdraft.eval.engine import measure_vllm
+
+        return measure_vllm(config, prompts=prompts,
+                            prompt_ids=[p["prompt_ids"] for p in prompts], stop_ids=stop_ids,
+                            out=out, offline=offline, verifier=verifier)
+    from specdraft.eval.sglang import measure_sglang
+
+    return measure_sglang(config, prompts=prompts, stop_ids=stop_ids, out=out)
+
+
+def engine_extract(engine: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The engine's figures for the manifest (no per-prompt tokens)."""
+    if not engine:
+        return None
+    keep = ("name", "version", "k", "temperature", "acceptance_rule", "dtype", "tau",
+            "acceptance_rate", "per_position", "verify_steps", "drafted", "accepted",
+            "tokens_per_s", "verifier_dir", "drafter_dir")
+    out = {k: engine.get(k) for k in keep}
+    agree = engine.get("agreement")
+    if agree:
+        out["tau_offline_minus_engine"] = agree["tau_offline_minus_engine"]
+        out["counts_identical"] = agree["counts_identical"]
+        out["identical_prompts"] = f"{agree['identical_prompts']}/{len(agree['prompts'])}"
+    return out
+
+
+def write_plot(results: dict[str, Any], out: Path, config: EvalConfig) -> None:
+    """acceptance.png: offline per-position bars, and the engine's beside them."""
+    if not results.get("per_position"):
+        return
+    engine = results.get("engine") or {}
+    title = f"tau {results['tau']:.2f}, k={config.k}, T={config.temperature}"
+    if engine.get("per_position"):
+        title += f"; {engine['name']} tau {engine['tau']:.2f}"
+    plot_acceptance(results["per_position"], out / "acceptance.png", title=title,
+                    engine=engine.get("per_position") or None,
+                    engine_label=engine.get("name", "engine"))
 
 
 def _inputs(config: EvalConfig) -> dict[str, str]:

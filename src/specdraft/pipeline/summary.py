@@ -59,9 +59,20 @@ def _export(m: dict[str, Any]) -> str:
 
 
 def _eval(m: dict[str, Any]) -> str:
-    return (f"tau {m.get('tau', 0):.3f}, acceptance rate {m.get('acceptance_rate', 0):.3f}, "
-            f"per-position {_rates(m.get('per_position', []))}, "
-            f"{m.get('verify_steps', 0)} verify steps, {m.get('tokens_per_s', 0):.1f} tokens/s")
+    line = (f"offline tau {m.get('tau', 0):.3f}, acceptance rate "
+            f"{m.get('acceptance_rate', 0):.3f}, per-position "
+            f"{_rates(m.get('per_position', []))}, {m.get('verify_steps', 0)} verify steps, "
+            f"{m.get('tokens_per_s', 0):.1f} tokens/s")
+    e = m.get("engine")
+    if not e:
+        return line
+    line += (f"\n{'':20}engine {e.get('version')}: tau {e.get('tau') or 0:.3f}, acceptance rate "
+             f"{e.get('acceptance_rate') or 0:.3f}, per-position "
+             f"{_rates(e.get('per_position') or [])}")
+    if e.get("tau_offline_minus_engine") is not None:
+        line += (f", offline - engine {e['tau_offline_minus_engine']:+.3f}, identical prompts "
+                 f"{e.get('identical_prompts')}")
+    return line
 
 
 FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
