@@ -114,3 +114,39 @@ def test_plot_two_series(tmp_path):
     def has_orange(p: Path) -> bool:
         return any(px[:3] == orange for px in Image.open(p).convert("RGB").getdata())
     assert not has_orange(one) and has_orange(two)
+
+
+def test_gap_beyond_tolerance_fails_with_the_doctors_hints(tmp_path, six_layer_verifier,
+                                                          six_layer_verifier_dir):
+    """A planted τ gap with a shuffled-d2t export: the error names the gap and the doctor's
+    failing check; within the tolerance, or above temperature 0, nothing is raised."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from export_kit import make_drafter, make_run
+    from specdraft.eval.config import EvalConfig
+    from specdraft.eval.engine import EngineDisagreement, check_agreement
+    from specdraft.export.config import ExportConfig
+    from specdraft.export.run import run as export
+
+    run_dir = make_run(tmp_path / "run", six_layer_verifier, make_drafter(six_layer_verifier))
+    export(ExportConfig(run_dir=run_dir, format="sglang"))
+    good = run_dir / "export" / "sglang"
+    t = load_file(str(good / "model.safetensors"))
+    idx = torch.arange(len(t["d2t"]))
+    target = (idx + t["d2t"])[torch.randperm(len(idx), generator=torch.Generator().manual_seed(0))]
+    t["d2t"] = (target - idx).contiguous()  # the same target ids, shuffled
+    save_file(t, str(good / "model.safetensors"), metadata={"format": "pt"})
+    config = EvalConfig(drafter=good, verifier=str(six_layer_verifier_dir), prompts=tmp_path,
+                        out=tmp_path / "out", engine="vllm", engine_tolerance=0.05)
+    engine_result = {"name": "vllm", "drafter_dir": str(good), "agreement": {
+        "tau_offline_minus_engine": 0.3, "identical_prompts": 1, "prompts": [{}, {}]}}
+    with pytest.raises(EngineDisagreement) as err:
+        check_agreement(config, engine_result, six_layer_verifier)
+    msg = str(err.value)
+    assert "tau offline - engine = +0.300 (tolerance 0.05), 1/2 prompts identical" in msg
+    assert "doctor d2t/t2d" in msg and "re-run `specdraft vocab`" in msg
+    engine_result["agreement"]["tau_offline_minus_engine"] = -0.05
+    check_agreement(config, engine_result, six_layer_verifier)  # within tolerance
+    del engine_result["agreement"]  # temperature > 0: no agreement to check
+    check_agreement(config, engine_result, six_layer_verifier)
