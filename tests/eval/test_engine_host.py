@@ -150,3 +150,20 @@ def test_gap_beyond_tolerance_fails_with_the_doctors_hints(tmp_path, six_layer_v
     check_agreement(config, engine_result, six_layer_verifier)  # within tolerance
     del engine_result["agreement"]  # temperature > 0: no agreement to check
     check_agreement(config, engine_result, six_layer_verifier)
+
+
+def test_engine_auto_is_vllm_only_when_found(tmp_path, monkeypatch):
+    from specdraft.eval.config import EvalConfig
+    from specdraft.eval.run import resolve_engine
+
+    cfg = EvalConfig(drafter=tmp_path, prompts=tmp_path, out=tmp_path, engine="auto")
+    monkeypatch.delenv(engine.VLLM_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(engine.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(engine, "REPO", tmp_path)
+    assert resolve_engine(cfg) == "none"
+    (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-vllm" / "bin" / "python").write_text("")
+    assert resolve_engine(cfg) == "vllm"
+    assert resolve_engine(cfg.model_copy(update={"engine": "none"})) == "none"
+    with pytest.raises(ValueError, match="exclude each other"):
+        EvalConfig(server="http://x", prompts=tmp_path, out=tmp_path, engine="vllm")

@@ -27,8 +27,9 @@ def command(
     dtype: Optional[str] = typer.Option(None, help="auto | float32 | bfloat16."),
     server: Optional[str] = typer.Option(None, help="URL of a vLLM/SGLang with the drafter "
                                                     "loaded."),
-    engine: Optional[str] = typer.Option(None, help="none | vllm | sglang: also measure with "
-                                                    "that engine, started for the eval."),
+    engine: Optional[str] = typer.Option(None, help="none | auto | vllm | sglang: also measure "
+                                                    "with that engine, started for the eval "
+                                                    "(auto: vllm if found)."),
     engine_python: Optional[str] = typer.Option(None, help="Python with vLLM (default: env "
                                                            "SPECDRAFT_VLLM_PYTHON, this one, "
                                                            "or REPO/.venv-vllm)."),

@@ -24,7 +24,8 @@ class EvalConfig(StageConfig):
     ``engine``: also measure with a real engine started for the eval (``vllm``: in a
     subprocess with ``engine_python``, default env ``SPECDRAFT_VLLM_PYTHON``, this python if it
     has vllm, else ``REPO/.venv-vllm``; ``sglang``: a launched server) on the same prompt token
-    ids; its figures are written beside the offline ones. ``engine_drafter``: the exported
+    ids; its figures are written beside the offline ones; ``auto``: vllm when a python with
+    vLLM is found (as for ``engine_python``), else none. ``engine_drafter``: the exported
     directory the engine loads (default: the ``drafter`` when it is an export, else the run's
     export, else one exported into the eval directory). At temperature 0 a τ gap beyond
     ``engine_tolerance`` (absolute) fails the eval; in float32 on CPU the gap is exactly 0.
@@ -42,7 +43,7 @@ class EvalConfig(StageConfig):
     device: str = "cpu"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     server: str | None = None
-    engine: Literal["none", "vllm", "sglang"] = "none"
+    engine: Literal["none", "auto", "vllm", "sglang"] = "none"
     engine_python: str | None = None
     engine_drafter: Path | None = None
     engine_tolerance: float = Field(0.05, ge=0.0)

@@ -3,6 +3,10 @@
 Offline (default): each prompt is rendered with the verifier's chat template and decoded with
 :func:`specdraft.eval.specdec.generate` (both models KV-cached). With ``--server URL`` the
 prompts go to a running engine and its own counters are read (:mod:`specdraft.eval.server`).
+With ``--engine vllm|sglang|auto`` a real engine is also started on the same prompt token ids
+(:mod:`specdraft.eval.engine`, :mod:`specdraft.eval.sglang`) and its figures are written beside
+the offline ones; at temperature 0 a vLLM gap beyond ``--engine-tolerance`` fails the eval
+after the results are written.
 Writes ``results.json`` and ``acceptance.png`` to ``RUN/eval/`` (or ``--out``), then the manifest.
 """
 
@@ -110,8 +114,9 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
         for p in prompts:
             p["prompt_ids"] = render(tokenizer, p["messages"])
         results = offline_eval(config, verifier, tokenizer, prompts)
-        if config.engine != "none":
-            results["engine"] = measure_engine(config, prompts, out, results, verifier,
+        engine = resolve_engine(config)
+        if engine != "none":
+            results["engine"] = measure_engine(config, engine, prompts, out, results, verifier,
                                                eos_ids(tokenizer, verifier))
     results = {"mode": "server" if config.server else "offline", "k": config.k,
                "temperature": config.temperature, "verifier": config.verifier,
@@ -126,18 +131,35 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
                                         ("tau", "acceptance_rate", "per_position",
                                          "tokens_per_s", "verify_steps", "mode")},
                                      "engine": engine_extract(results.get("engine"))})
-    if results.get("engine") and config.engine == "vllm":
+    if results.get("engine") and results["engine"]["name"] == "vllm":
         from specdraft.eval.engine import check_agreement
 
         check_agreement(config, results["engine"], verifier)
     return manifest
 
 
-def measure_engine(config: EvalConfig, prompts: list[dict[str, Any]], out: Path,
+def resolve_engine(config: EvalConfig) -> str:
+    """``config.engine``, with ``auto`` = ``vllm`` when a python with vLLM is found, else
+    ``none`` (said on stderr)."""
+    if config.engine != "auto":
+        return config.engine
+    from specdraft.core.errors import ConfigError
+    from specdraft.eval.engine import engine_python
+
+    try:
+        engine_python(config.engine_python)
+    except ConfigError:
+        print("eval: engine auto: no python with vLLM found (make install-vllm): offline only",
+              file=sys.stderr)
+        return "none"
+    return "vllm"
+
+
+def measure_engine(config: EvalConfig, engine: str, prompts: list[dict[str, Any]], out: Path,
                    offline: dict[str, Any], verifier: Any, stop_ids: list[int]
                    ) -> dict[str, Any]:
     """The engine's figures (:mod:`specdraft.eval.engine`, :mod:`specdraft.eval.sglang`)."""
-    if config.engine == "vllm":
+    if engine == "vllm":
         from specdraft.eval.engine import measure_vllm
 
         return measure_vllm(config, prompts=prompts,
