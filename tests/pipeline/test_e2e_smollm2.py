@@ -26,7 +26,7 @@ def tiny_demo(tmp_path: Path) -> Path:
     cfg["generate"].update(limit=16, max_tokens=48, keep_truncated=True)
     cfg["vocab"]["draft_vocab_size"] = 1024
     cfg["train"].update(epochs=1, ttt_steps=3, eval_every=4, save_every=4, val_fraction=0.25)
-    cfg["eval"].update(limit=4, max_new_tokens=24)
+    cfg["eval"].update(limit=4, max_new_tokens=24, engine="none")  # vLLM: tests/engine
     path = tmp_path / "demo-tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -27,6 +27,16 @@ def command(
     dtype: Optional[str] = typer.Option(None, help="auto | float32 | bfloat16."),
     server: Optional[str] = typer.Option(None, help="URL of a vLLM/SGLang with the drafter "
                                                     "loaded."),
+    engine: Optional[str] = typer.Option(None, help="none | auto | vllm | sglang: also measure "
+                                                    "with that engine, started for the eval "
+                                                    "(auto: vllm if found)."),
+    engine_python: Optional[str] = typer.Option(None, help="Python with vLLM (default: env "
+                                                           "SPECDRAFT_VLLM_PYTHON, this one, "
+                                                           "or REPO/.venv-vllm)."),
+    engine_drafter: Optional[Path] = typer.Option(None, help="Exported dir the engine loads "
+                                                             "(default: the run's export)."),
+    engine_tolerance: Optional[float] = typer.Option(None, help="Max |tau offline - engine| "
+                                                                "at T=0 (default 0.05)."),
     out: Optional[Path] = typer.Option(None, help="Output dir when no --run-dir."),
     overwrite: Optional[bool] = typer.Option(None, "--overwrite", help="Replace earlier results."),
     config: Optional[Path] = typer.Option(None, help=CONFIG_OPTION_HELP),
@@ -42,3 +52,11 @@ def command(
     rates = ", ".join(f"{r:.2f}" for r in m.get("per_position") or [])
     typer.echo(f"eval: tau {m['tau']:.3f}, acceptance {m['acceptance_rate'] or 0:.3f}, "
                f"per position [{rates}], {m['tokens_per_s'] or 0:.1f} tokens/s")
+    e = m.get("engine")
+    if e:
+        rates = ", ".join(f"{r:.2f}" for r in e.get("per_position") or [])
+        gap = e.get("tau_offline_minus_engine")
+        typer.echo(f"eval: {e['version']}: tau {e['tau']:.3f}, acceptance "
+                   f"{e['acceptance_rate'] or 0:.3f}, per position [{rates}]"
+                   + (f"; offline - engine {gap:+.3f}, identical prompts "
+                      f"{e['identical_prompts']}" if gap is not None else ""))

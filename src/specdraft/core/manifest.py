@@ -293,11 +293,23 @@ class EvalManifest(Manifest):
     per_position: list[float] = []
     verify_steps: int | None = None
     tokens_per_s: float | None = None
+    engine: dict[str, Any] | None = None
 
     def figures(self) -> str:
-        return (f"tau {self.tau or 0:.3f}, acceptance rate {self.acceptance_rate or 0:.3f}, "
-                f"per-position {_rates(self.per_position)}, {self.verify_steps or 0} verify "
-                f"steps, {self.tokens_per_s or 0:.1f} tokens/s")
+        """The offline line, then the engine's figures and the agreement when it ran."""
+        line = (f"offline tau {self.tau or 0:.3f}, acceptance rate "
+                f"{self.acceptance_rate or 0:.3f}, per-position {_rates(self.per_position)}, "
+                f"{self.verify_steps or 0} verify steps, {self.tokens_per_s or 0:.1f} tokens/s")
+        e = self.engine
+        if not e:
+            return line
+        line += (f"\n{'':20}engine {e.get('version')}: tau {e.get('tau') or 0:.3f}, acceptance "
+                 f"rate {e.get('acceptance_rate') or 0:.3f}, per-position "
+                 f"{_rates(e.get('per_position') or [])}")
+        if e.get("tau_offline_minus_engine") is not None:
+            line += (f", offline - engine {e['tau_offline_minus_engine']:+.3f}, identical "
+                     f"prompts {e.get('identical_prompts')}")
+        return line
 
 
 MANIFEST_TYPES: dict[str, type[Manifest]] = {

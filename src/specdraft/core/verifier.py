@@ -145,7 +145,8 @@ def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
     float32 safetensors with its tokenizer (chat template included). Cached:
     when ``out_dir`` already holds a conversion of this file (same size and mtime, recorded in
     ``out_dir/gguf_source.json``) it is returned unchanged. Written to a temp sibling and
-    renamed, so ``out_dir`` is never half-written. Returns ``out_dir``.
+    renamed, so ``out_dir`` is never half-written. Returns ``out_dir``. ``gguf_path`` may be
+    ``"smollm2"`` (the embedded default).
     """
     import json
     import shutil
@@ -153,6 +154,8 @@ def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if str(gguf_path) == DEFAULT_VERIFIER:
+        gguf_path = smollm2_gguf()
     src, out = Path(gguf_path), Path(out_dir)
     stamp = {"gguf": str(src.resolve()), "size": src.stat().st_size,
              "mtime_ns": src.stat().st_mtime_ns}

@@ -101,7 +101,15 @@ class AcceptanceStats:
             rates.append(sum(1 for s in self.steps if s.k > i and s.accepted > i) / drafted)
         return rates
 
+    def per_position_accepted(self) -> list[int]:
+        """Steps whose draft position i was accepted (vLLM's
+        ``spec_decode_num_accepted_tokens_per_pos``)."""
+        k_max = max((s.k for s in self.steps), default=0)
+        return [sum(1 for s in self.steps if s.k > i and s.accepted > i) for i in range(k_max)]
+
     def summary(self) -> dict:
         return {"tau": self.tau, "acceptance_rate": self.acceptance_rate,
-                "per_position": self.per_position(), "verify_steps": self.verify_steps,
+                "per_position": self.per_position(),
+                "per_position_accepted": self.per_position_accepted(),
+                "verify_steps": self.verify_steps,
                 "drafted": self.drafted, "accepted": self.accepted, "committed": self.committed}

@@ -23,6 +23,15 @@ class EvalConfig(StageConfig):
     format (``RUN/prepare/chat_format.json``: template and ``chat_template_kwargs`` of the training
     data), else the verifier's; ``chat_template`` (a file) and ``chat_template_kwargs`` (JSON)
     override it.
+
+    ``engine``: also measure with a real engine started for the eval (``vllm``: in a
+    subprocess with ``engine_python``, default env ``SPECDRAFT_VLLM_PYTHON``, this python if it
+    has vllm, else ``REPO/.venv-vllm``; ``sglang``: a launched server) on the same prompt token
+    ids; its figures are written beside the offline ones; ``auto``: vllm when a python with
+    vLLM is found (as for ``engine_python``), else none. ``engine_drafter``: the exported
+    directory the engine loads (default: the ``drafter`` when it is an export, else the run's
+    export, else one exported into the eval directory). At temperature 0 a τ gap beyond
+    ``engine_tolerance`` (absolute) fails the eval; in float32 on CPU the gap is exactly 0.
     """
 
     run_dir: Path | None = None
@@ -39,6 +48,11 @@ class EvalConfig(StageConfig):
     server: str | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    engine: Literal["none", "auto", "vllm", "sglang"] = "none"
+    engine_python: str | None = None
+    engine_drafter: Path | None = None
+    engine_tolerance: float = Field(0.05, ge=0.0)
+    engine_timeout_s: int = Field(3600, ge=1)
     out: Path | None = None
     overwrite: bool = False
 
@@ -51,6 +65,8 @@ class EvalConfig(StageConfig):
     def _where(self) -> "EvalConfig":
         if self.server is None and self.run_dir is None and self.drafter is None:
             raise ValueError("give --run-dir RUN, --drafter DIR or --server URL")
+        if self.server is not None and self.engine != "none":
+            raise ValueError("--server and --engine exclude each other (--engine starts one)")
         if self.run_dir is None and self.out is None:
             raise ValueError("--out DIR is required without --run-dir")
         return self

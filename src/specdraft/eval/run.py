@@ -3,6 +3,10 @@
 Offline (default): each prompt is rendered with the verifier's chat template and decoded with
 :func:`specdraft.eval.specdec.generate` (both models KV-cached). With ``--server URL`` the
 prompts go to a running engine and its own counters are read (:mod:`specdraft.eval.server`).
+With ``--engine vllm|sglang|auto`` a real engine is also started on the same prompt token ids
+(:mod:`specdraft.eval.engine`, :mod:`specdraft.eval.sglang`) and its figures are written beside
+the offline ones; at temperature 0 a vLLM gap beyond ``--engine-tolerance`` fails the eval
+after the results are written.
 Writes ``results.json`` and ``acceptance.png`` to ``RUN/eval/`` (or ``--out``), then the manifest.
 """
 
@@ -15,6 +19,7 @@ from typing import Any
 import torch
 
 from specdraft.core.atomic import atomic_write_json
+from specdraft.core.chat import generation_stop_ids
 from specdraft.core.assets import resolve_path
 from specdraft.core.manifest import StageClock, file_sha256, input_hash, read_manifest, \
     write_manifest
@@ -55,33 +60,29 @@ def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
     return build_model(d, verifier_embed=embed, device=str(embed.device), dtype=dtype)
 
 
-def offline_eval(config: EvalConfig, verifier: Any, tokenizer: Any,
-                 prompts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Speculative decoding over ``prompts``; aggregate and per-prompt figures."""
-    from specdraft.core.chat import generation_stop_ids
+def offline_eval(config: EvalConfig, verifier: Any, prompts: list[dict[str, Any]],
+                 eos: list[int]) -> dict[str, Any]:
+    """Speculative decoding over ``prompts`` (each with its rendered ``prompt_ids``), stopping
+    at ``eos`` ids; aggregate and per-prompt figures (with the committed token ids)."""
     from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
-
-    fmt = eval_chat_format(config, tokenizer)
 
     model = load_drafter_model(config, verifier)
     gen = torch.Generator().manual_seed(config.seed)
     stats, rows, tokens, seconds = AcceptanceStats(), [], 0, 0.0
-    eos = generation_stop_ids(verifier, tokenizer, fmt)
     for p in prompts:
         g = generate(VerifierSession(verifier, model.config.aux_layer_ids), EagleDrafter(model),
-                     render(tokenizer, p["messages"], fmt), k=config.k,
+                     p["prompt_ids"], k=config.k,
                      max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                      eos_ids=eos, generator=gen)
         stats.extend(g.stats)
         tokens += len(g.tokens)
         seconds += g.seconds
-        rows.append({"id": p["id"], **g.summary()})
+        rows.append({"id": p["id"], **g.summary(), "tokens": list(g.tokens)})
         print(f"eval: {p['id']}: tau {g.stats.tau:.2f}, {len(g.tokens)} tokens", file=sys.stderr)
     return {**stats.summary(), "new_tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "prompts": rows,
             "aux_layer_ids": list(model.config.aux_layer_ids),
-            "draft_vocab_size": model.config.draft_vocab_size,
-            "chat_format": {"template_sha256": fmt.template_sha256, "kwargs": fmt.kwargs}}
+            "draft_vocab_size": model.config.draft_vocab_size}
 
 
 def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
@@ -101,20 +102,95 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
         tokenizer = load_tokenizer(config.verifier)
         if verifier is None:
             verifier = load_verifier(config.verifier, dtype=config.dtype, device=config.device)
-        results = offline_eval(config, verifier, tokenizer, prompts)
+        fmt = eval_chat_format(config, tokenizer)
+        for p in prompts:
+            p["prompt_ids"] = render(tokenizer, p["messages"], fmt)
+        eos = generation_stop_ids(verifier, tokenizer, fmt)
+        results = offline_eval(config, verifier, prompts, eos)
+        results["chat_format"] = {"template_sha256": fmt.template_sha256, "kwargs": fmt.kwargs}
+        engine = resolve_engine(config)
+        if engine != "none":
+            results["engine"] = measure_engine(config, engine, prompts, out, results, verifier,
+                                               eos)
     results = {"mode": "server" if config.server else "offline", "k": config.k,
                "temperature": config.temperature, "verifier": config.verifier,
                "drafter": None if config.server else str(drafter_dir(config)), **results}
     atomic_write_json(out / "results.json", results)
-    if results.get("per_position"):
-        plot_acceptance(results["per_position"], out / "acceptance.png",
-                        title=f"tau {results['tau']:.2f}, k={config.k}, T={config.temperature}")
-    return write_manifest(out, stage=STAGE, config=config, clock=clock,
-                          inputs=_inputs(config),
-                          counts={"prompts": len(prompts), "new_tokens": results["new_tokens"]},
-                          extra={k: results.get(k) for k in
-                                 ("tau", "acceptance_rate", "per_position", "tokens_per_s",
-                                  "verify_steps", "mode")})
+    write_plot(results, out, config)
+    manifest = write_manifest(out, stage=STAGE, config=config, clock=clock,
+                              inputs=_inputs(config),
+                              counts={"prompts": len(prompts),
+                                      "new_tokens": results["new_tokens"]},
+                              extra={**{k: results.get(k) for k in
+                                        ("tau", "acceptance_rate", "per_position",
+                                         "tokens_per_s", "verify_steps", "mode")},
+                                     "engine": engine_extract(results.get("engine"))})
+    if results.get("engine") and results["engine"]["name"] == "vllm":
+        from specdraft.eval.engine import check_agreement
+
+        check_agreement(config, results["engine"], verifier)
+    return manifest
+
+
+def resolve_engine(config: EvalConfig) -> str:
+    """``config.engine``, with ``auto`` = ``vllm`` when a python with vLLM is found, else
+    ``none`` (said on stderr)."""
+    if config.engine != "auto":
+        return config.engine
+    from specdraft.core.errors import ConfigError
+    from specdraft.eval.engine import engine_python
+
+    try:
+        engine_python(config.engine_python)
+    except ConfigError:
+        print("eval: engine auto: no python with vLLM found (make install-vllm): offline only",
+              file=sys.stderr)
+        return "none"
+    return "vllm"
+
+
+def measure_engine(config: EvalConfig, engine: str, prompts: list[dict[str, Any]], out: Path,
+                   offline: dict[str, Any], verifier: Any, stop_ids: list[int]
+                   ) -> dict[str, Any]:
+    """The engine's figures (:mod:`specdraft.eval.engine`, :mod:`specdraft.eval.sglang`)."""
+    if engine == "vllm":
+        from specdraft.eval.engine import measure_vllm
+
+        return measure_vllm(config, prompts=prompts,
+                            prompt_ids=[p["prompt_ids"] for p in prompts], stop_ids=stop_ids,
+                            out=out, offline=offline, verifier=verifier)
+    from specdraft.eval.sglang import measure_sglang
+
+    return measure_sglang(config, prompts=prompts, stop_ids=stop_ids, out=out)
+
+
+def engine_extract(engine: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The engine's figures for the manifest (no per-prompt tokens)."""
+    if not engine:
+        return None
+    keep = ("name", "version", "k", "temperature", "acceptance_rule", "dtype", "tau",
+            "acceptance_rate", "per_position", "verify_steps", "drafted", "accepted",
+            "tokens_per_s", "verifier_dir", "drafter_dir")
+    out = {k: engine.get(k) for k in keep}
+    agree = engine.get("agreement")
+    if agree:
+        out["tau_offline_minus_engine"] = agree["tau_offline_minus_engine"]
+        out["counts_identical"] = agree["counts_identical"]
+        out["identical_prompts"] = f"{agree['identical_prompts']}/{len(agree['prompts'])}"
+    return out
+
+
+def write_plot(results: dict[str, Any], out: Path, config: EvalConfig) -> None:
+    """acceptance.png: offline per-position bars, and the engine's beside them."""
+    if not results.get("per_position"):
+        return
+    engine = results.get("engine") or {}
+    title = f"tau {results['tau']:.2f}, k={config.k}, T={config.temperature}"
+    if engine.get("per_position"):
+        title += f"; {engine['name']} tau {engine['tau']:.2f}"
+    plot_acceptance(results["per_position"], out / "acceptance.png", title=title,
+                    engine=engine.get("per_position") or None,
+                    engine_label=engine.get("name", "engine"))
 
 
 def _inputs(config: EvalConfig) -> dict[str, str]:

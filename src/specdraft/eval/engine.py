@@ -1,0 +1,263 @@
+"""``specdraft eval --engine vllm``: the real serving engine measures the exported drafter.
+
+vLLM pins its own ``transformers``, so it runs in a subprocess with the engine's python
+(:func:`engine_python`) and our stdlib-only script :mod:`specdraft.eval.engine_worker`. The
+engine gets the SAME prompt token ids the offline eval renders, the same k, temperature, max
+tokens and stop ids; its spec-decode counters are read before/after generation. The figures:
+
+- τ = 1 + accepted / drafts (vLLM's mean acceptance length, bonus counted);
+- acceptance rate = accepted / draft tokens;
+- position ``i`` rate = accepted at ``i`` / drafts.
+
+At temperature 0 the offline and engine runs are compared (:func:`agreement`): counts side by
+side and, per prompt, whether the committed tokens are identical. In float32 on CPU they are
+(tests/engine); a τ gap beyond ``engine_tolerance`` raises :class:`EngineDisagreement`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from specdraft.core.errors import ConfigError, SpecdraftError
+
+WORKER = Path(__file__).with_name("engine_worker.py")
+REPO = Path(__file__).resolve().parents[3]
+VLLM_PYTHON_ENV = "SPECDRAFT_VLLM_PYTHON"
+#: The acceptance rule both sides apply (recorded beside the figures).
+RULES = {True: "greedy: a draft is accepted iff it equals the verifier's argmax",
+         False: "speculative sampling: accept with min(1, p/q), resample from max(0, p - q)"}
+
+
+class EngineError(SpecdraftError, RuntimeError):
+    """The engine subprocess failed or could not be started; the message has its log tail."""
+
+
+class EngineDisagreement(SpecdraftError, RuntimeError):
+    """Offline and engine τ differ by more than the tolerance (results are written first)."""
+
+
+def engine_python(explicit: str | None = None) -> str:
+    """The python that has vLLM: ``explicit`` (``--engine-python``), else env
+    ``SPECDRAFT_VLLM_PYTHON``, else this python when it can import vllm, else
+    ``REPO/.venv-vllm/bin/python`` (``make install-vllm``). Raises :class:`ConfigError`."""
+    for cand in (explicit, os.environ.get(VLLM_PYTHON_ENV)):
+        if cand:
+            if not Path(cand).exists():
+                raise ConfigError(f"--engine-python {cand}: no such file")
+            return str(cand)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    local = REPO / ".venv-vllm" / "bin" / "python"
+    if local.exists():
+        return str(local)
+    raise ConfigError("--engine vllm: no python with vLLM found; run `make install-vllm`, or "
+                      f"pass --engine-python PY (or set {VLLM_PYTHON_ENV})")
+
+
+def verifier_hf_dir(verifier: str, cache: Path) -> Path:
+    """The verifier as an HF directory an engine can serve: an HF dir as is, a GGUF converted
+    once into ``cache`` (:func:`specdraft.core.verifier.gguf_to_hf_dir`)."""
+    from specdraft.core.verifier import gguf_to_hf_dir, resolve_verifier
+
+    directory, gguf_file = resolve_verifier(verifier)
+    if gguf_file is None:
+        return Path(directory)
+    print(f"eval: converting the GGUF verifier to an HF directory for the engine: {cache}",
+          file=sys.stderr)
+    return gguf_to_hf_dir(verifier, cache)
+
+
+def vllm_job(*, verifier_dir: Path, drafter_dir: Path | None, prompts: Sequence[Sequence[int]],
+             k: int, temperature: float, max_tokens: int, stop_ids: Sequence[int], dtype: str,
+             seed: int = 0, extra_runs: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The worker's job (format in :mod:`specdraft.eval.engine_worker`). One run ``spec`` with
+    the drafter (none when ``drafter_dir`` is None), then ``extra_runs`` in the same process."""
+    longest = max((len(p) for p in prompts), default=0) + max_tokens + k + 8
+    runs = [{"name": "spec", "drafter": str(drafter_dir) if drafter_dir else None, "k": k},
+            *extra_runs]
+    return {"verifier": str(verifier_dir), "dtype": dtype, "seed": seed,
+            "max_model_len": max(256, longest), "prompts": [list(map(int, p)) for p in prompts],
+            "max_tokens": max_tokens, "temperature": temperature,
+            "stop_token_ids": [int(i) for i in stop_ids], "runs": runs}
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the worker's whole process group (vLLM spawns children): SIGTERM, up to 15 s for
+    the worker to exit, then SIGKILL for whatever of the group is left."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run_worker(python: str, job: dict[str, Any], workdir: Path, *,
+               timeout_s: float = 3600) -> dict[str, Any]:
+    """Run :mod:`specdraft.eval.engine_worker` on ``job`` in ``python``; return its JSON.
+
+    Files ``engine-job.json``, ``engine-out.json`` and ``engine.log`` (the engine's output) go
+    to ``workdir``. The subprocess (and its process group) is always stopped: on success, on a
+    timeout, on Ctrl-C or any exception. Raises :class:`EngineError` with the log tail.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    job_path, out_path, log_path = (workdir / n for n in
+                                    ("engine-job.json", "engine-out.json", "engine.log"))
+    job_path.write_text(json.dumps(job))
+    out_path.unlink(missing_ok=True)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get(
+        "VLLM_ENABLE_V1_MULTIPROCESSING", "0"), "PYTHONPATH": ""}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([python, str(WORKER), str(job_path), str(out_path)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise EngineError(f"the engine ran past {timeout_s:.0f} s; log: {log_path}") from None
+        finally:
+            _stop(proc)
+    if rc != 0 or not out_path.exists():
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+        raise EngineError(f"the engine failed (exit {rc}); {log_path}:\n  " + "\n  ".join(tail))
+    return json.loads(out_path.read_text())
+
+
+def figures(counters: dict[str, Any]) -> dict[str, Any]:
+    """τ, acceptance rate, per-position rates and the raw counts from differenced counters."""
+    drafts, draft_tokens, accepted = (counters[n] for n in ("drafts", "draft_tokens",
+                                                           "accepted"))
+    if drafts <= 0:
+        raise EngineError("vllm:spec_decode_num_drafts did not move: the engine did not "
+                          "speculate (is the drafter loaded? see engine.log)")
+    return {"tau": 1.0 + accepted / drafts, "acceptance_rate": accepted / draft_tokens,
+            "per_position": [a / drafts for a in counters["per_pos"]],
+            "verify_steps": drafts, "drafted": draft_tokens, "accepted": accepted,
+            "per_position_accepted": list(counters["per_pos"])}
+
+
+def agreement(offline: dict[str, Any], engine: dict[str, Any],
+              offline_tokens: Sequence[Sequence[int]], engine_tokens: Sequence[Sequence[int]],
+              ids: Sequence[str]) -> dict[str, Any]:
+    """Offline vs engine: τ gap, counts side by side, per prompt identical committed tokens
+    (and the first differing index)."""
+    counts = {n: {"offline": offline.get(n), "engine": engine.get(n)}
+              for n in ("verify_steps", "drafted", "accepted", "per_position_accepted")}
+    prompts = []
+    for pid, a, b in zip(ids, offline_tokens, engine_tokens):
+        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                     None if len(a) == len(b) else min(len(a), len(b)))
+        prompts.append({"id": pid, "identical": first is None, "first_difference": first})
+    return {"tau_offline_minus_engine": offline["tau"] - engine["tau"],
+            "counts_identical": all(v["offline"] == v["engine"] for v in counts.values()),
+            "counts": counts, "identical_prompts": sum(p["identical"] for p in prompts),
+            "prompts": prompts}
+
+
+def engine_version(out: dict[str, Any]) -> str:
+    return f"{out['engine']} {out['version']} (torch {out['torch']}, {out['device']})"
+
+
+def engine_drafter(config: Any, out: Path) -> Path:
+    """The exported directory the engine loads: ``engine_drafter``, else the eval's drafter when
+    it is an export, else the run's export of that drafter, else a fresh ``sglang`` export of it
+    into ``OUT/engine-drafter`` (validated by :mod:`specdraft.export`)."""
+    from specdraft.core.manifest import read_manifest
+    from specdraft.core.rundir import stage_dir
+    from specdraft.eval.run import drafter_dir
+    from specdraft.export.reader import read_drafter
+
+    if config.engine_drafter is not None:
+        return Path(config.engine_drafter)
+    src = drafter_dir(config)
+    if read_drafter(src).format != "specdraft":
+        return src
+    export = read_manifest(stage_dir(config.run_dir, "export")) if config.run_dir else None
+    if export and Path(export["out"]).exists() and \
+            Path(export.get("source", "")).resolve() == src.resolve():
+        return Path(export["out"])
+    from specdraft.export.config import ExportConfig
+    from specdraft.export.run import run as export_run
+
+    target = out / "engine-drafter"
+    export_run(ExportConfig(drafter=src, out=target, verifier=config.verifier, overwrite=True,
+                            speculative_tokens=config.k))
+    return target
+
+
+def doctor_hints(config: Any, drafter: Path, verifier: Any) -> list[str]:
+    """The doctor's failing checks (name: fix) for the engine's drafter, plus the usual causes
+    of an offline/engine gap when every check passes."""
+    from specdraft.doctor.config import DoctorConfig
+    from specdraft.doctor.run import run as doctor
+
+    report = doctor(DoctorConfig(target=drafter, verifier=config.verifier), verifier=verifier)
+    hints = [f"doctor {c['name']}: {c['detail']} -> {c['fix']}" for c in report["checks"]
+             if not c["ok"]]
+    return hints or ["doctor: every check passes; the usual causes are dtype (bf16 rounds argmax "
+                     "ties differently from float32), GPU kernels and batch composition: rerun "
+                     "with --dtype float32, or raise --engine-tolerance"]
+
+
+def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list[list[int]],
+                 stop_ids: Sequence[int], out: Path, offline: dict[str, Any],
+                 verifier: Any) -> dict[str, Any]:
+    """vLLM's figures for ``config`` (an :class:`~specdraft.eval.config.EvalConfig`) on the
+    rendered ``prompt_ids``, with the agreement against ``offline`` at temperature 0.
+
+    Raises :class:`EngineDisagreement` (after the caller wrote the results: see
+    :func:`check_agreement`), :class:`EngineError` or :class:`ConfigError`.
+    """
+    python = engine_python(config.engine_python)
+    cache = (Path(config.run_dir) if config.run_dir else out) / "verifier-hf"
+    vdir = verifier_hf_dir(config.verifier, cache)
+    ddir = engine_drafter(config, out)
+    dtype = "float32" if config.dtype == "auto" and config.device == "cpu" else \
+        "bfloat16" if config.dtype == "auto" else config.dtype
+    job = vllm_job(verifier_dir=vdir, drafter_dir=ddir, prompts=prompt_ids, k=config.k,
+                   temperature=config.temperature, max_tokens=config.max_new_tokens,
+                   stop_ids=stop_ids, dtype=dtype, seed=config.seed)
+    t0 = time.perf_counter()
+    print(f"eval: starting vLLM ({python}) with {ddir}", file=sys.stderr)
+    res = run_worker(python, job, out, timeout_s=config.engine_timeout_s)
+    spec = res["runs"][0]
+    fig = figures(spec["counters"])
+    tokens = spec["tokens"]
+    n_new = sum(len(t) for t in tokens)
+    result = {"name": res["engine"], "version": engine_version(res), "k": config.k,
+              "temperature": config.temperature, "acceptance_rule": RULES[config.temperature <= 0],
+              "dtype": dtype, "verifier_dir": str(vdir), "drafter_dir": str(ddir), **fig,
+              "new_tokens": n_new, "start_s": spec["start_s"], "generate_s": spec["generate_s"],
+              "tokens_per_s": n_new / spec["generate_s"] if spec["generate_s"] else 0.0,
+              "wall_s": round(time.perf_counter() - t0, 2),
+              "prompts": [{"id": p["id"], "new_tokens": len(t), "tokens": t}
+                          for p, t in zip(prompts, tokens)]}
+    if config.temperature <= 0:
+        result["agreement"] = agreement(offline, fig, [r["tokens"] for r in offline["prompts"]],
+                                        tokens, [p["id"] for p in prompts])
+    return result
+
+
+def check_agreement(config: Any, engine: dict[str, Any], verifier: Any) -> None:
+    """Raise :class:`EngineDisagreement` with the doctor's hints when the temperature-0 τ gap
+    exceeds ``config.engine_tolerance``."""
+    agree = engine.get("agreement")
+    if agree is None or abs(agree["tau_offline_minus_engine"]) <= config.engine_tolerance:
+        return
+    gap = agree["tau_offline_minus_engine"]
+    hints = doctor_hints(config, Path(engine["drafter_dir"]), verifier)
+    raise EngineDisagreement(
+        f"offline and {engine['name']} disagree: tau offline - engine = {gap:+.3f} (tolerance "
+        f"{config.engine_tolerance}), {agree['identical_prompts']}/{len(agree['prompts'])} "
+        f"prompts identical; the figures are in results.json.\n  " + "\n  ".join(hints))

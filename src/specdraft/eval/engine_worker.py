@@ -1,0 +1,140 @@
+"""The vLLM side of ``specdraft eval --engine vllm``: run in the ENGINE's python, not ours.
+
+vLLM pins its own ``transformers``, so it usually lives in another venv (``.venv-vllm`` here, the
+user's own install on a GPU machine). This module is started as a script by
+:mod:`specdraft.eval.engine` and imports only the standard library, ``torch`` and ``vllm`` —
+never ``specdraft`` (which may not even be importable there).
+
+Usage: ``python engine_worker.py JOB.json OUT.json``. The job (written by
+:func:`specdraft.eval.engine.vllm_job`) is::
+
+    {"verifier": HF_DIR, "dtype": "float32", "max_model_len": 2048, "seed": 0,
+     "prompts": [[ids...], ...], "max_tokens": 128, "temperature": 0.0, "stop_token_ids": [...],
+     "runs": [{"name": "spec", "drafter": EXPORT_DIR or null, "k": 3}, ...]}
+
+Each run builds one ``vllm.LLM`` (greedy/sampled generation from the prompt token ids, no
+text), reads ``LLM.get_metrics()`` spec-decode counters before and after
+(``vllm/v1/spec_decode/metrics.py``: ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``,
+``..._num_accepted_tokens``, ``..._num_accepted_tokens_per_pos``), then frees the engine. The
+output JSON holds, per run: ``tokens`` (committed ids per prompt), ``counters`` (differenced)
+and ``drafter_weights`` (numel and float64 sum of the drafter's parameters as vLLM loaded them,
+to compare with the checkpoint: a silently skipped tensor changes both).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+SPEC = "vllm:spec_decode_num_"
+
+
+def counters(metrics) -> dict:
+    """Summed spec-decode counters of a ``get_metrics()`` snapshot (list of Counter/Vector)."""
+    c = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
+    names = {"drafts": "drafts", "draft_tokens": "draft_tokens", "accepted_tokens": "accepted"}
+    for m in metrics:
+        if not m.name.startswith(SPEC):
+            continue
+        key = m.name[len(SPEC):]
+        if key == "accepted_tokens_per_pos":
+            vals = list(m.values)
+            c["per_pos"] = [a + b for a, b in
+                            zip(vals + [0] * len(c["per_pos"]), c["per_pos"] + [0] * len(vals))]
+        elif key in names:
+            c[names[key]] += int(m.value)
+    return c
+
+
+def diff(before: dict, after: dict) -> dict:
+    """after - before, position by position."""
+    n = len(after["per_pos"])
+    pb = before["per_pos"] + [0] * (n - len(before["per_pos"]))
+    return {"drafts": after["drafts"] - before["drafts"],
+            "draft_tokens": after["draft_tokens"] - before["draft_tokens"],
+            "accepted": after["accepted"] - before["accepted"],
+            "per_pos": [a - b for a, b in zip(after["per_pos"], pb)]}
+
+
+def _drafter_fingerprint(worker) -> dict:
+    """numel and float64 sum of the drafter's own parameters (runs inside vLLM's worker)."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    model = getattr(drafter, "model", None)
+    if model is None:
+        return {}
+    numel, total = 0, 0.0
+    names = []
+    for name, p in model.named_parameters():
+        if "embed_tokens" in name:  # may be the verifier's, shared: compared separately
+            continue
+        numel += p.numel()
+        total += float(p.detach().double().sum())
+        names.append(name)
+    return {"numel": numel, "sum": total, "names": sorted(names)}
+
+
+def run_one(job: dict, run: dict) -> dict:
+    """One engine: build, generate, read counters, free. Returns the run's output dict."""
+    import torch
+    import vllm
+
+    spec = None
+    if run.get("drafter"):
+        spec = {"method": "eagle3", "model": run["drafter"],
+                "num_speculative_tokens": int(run["k"])}
+    t0 = time.perf_counter()
+    llm = vllm.LLM(model=job["verifier"], tokenizer=job["verifier"], dtype=job["dtype"],
+                   enforce_eager=True, speculative_config=spec, seed=job.get("seed", 0),
+                   max_model_len=job.get("max_model_len", 2048), disable_log_stats=False,
+                   max_num_seqs=job.get("max_num_seqs", 256),
+                   distributed_executor_backend=job.get("executor", "uni"))
+    start_s = time.perf_counter() - t0
+    try:
+        weights = {}
+        if spec is not None:
+            weights = llm.collective_rpc(_drafter_fingerprint)[0]
+        params = vllm.SamplingParams(temperature=job["temperature"], max_tokens=job["max_tokens"],
+                                     seed=job.get("seed", 0), detokenize=False,
+                                     stop_token_ids=job.get("stop_token_ids") or None)
+        before = counters(llm.get_metrics())
+        t1 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": ids} for ids in job["prompts"]], params,
+                            use_tqdm=False)
+        gen_s = time.perf_counter() - t1
+        after = counters(llm.get_metrics())
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+    finally:
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return {"name": run.get("name"), "k": run.get("k"), "drafter": run.get("drafter"),
+            "tokens": tokens, "counters": diff(before, after), "drafter_weights": weights,
+            "start_s": round(start_s, 2), "generate_s": round(gen_s, 2)}
+
+
+def main(argv: list[str]) -> int:
+    job_path, out_path = argv[1], argv[2]
+    with open(job_path) as f:
+        job = json.load(f)
+    import torch
+    import vllm
+
+    results = [run_one(job, r) for r in job["runs"]]
+    out = {"engine": "vllm", "version": vllm.__version__, "torch": torch.__version__,
+           "device": "cuda" if torch.cuda.is_available() else "cpu", "runs": results}
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f)
+    os.replace(tmp, out_path)
+    return 0
+
+
+if __name__ == "__main__":  # the CPU platform spawns its workers: the guard is required
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(callable)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main(sys.argv))
