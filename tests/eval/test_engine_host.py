@@ -88,7 +88,11 @@ def test_worker_stopped_on_timeout_and_failure_reported(tmp_path, monkeypatch):
 
 
 def test_summary_shows_both_figures():
-    from specdraft.pipeline.summary import _eval
+    from specdraft.core.manifest import EvalManifest
+
+    def _eval(facts):
+        return EvalManifest(stage="eval", config={}, config_hash="x", started_at="t",
+                            finished_at="t", elapsed_s=0.0, **facts).figures()
 
     m = {"tau": 1.6, "acceptance_rate": 0.2, "per_position": [0.4, 0.15, 0.05],
          "verify_steps": 10, "tokens_per_s": 3.0,

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specdraft.core.manifest import Manifest
+from specdraft.core.manifest import ExportManifest, Manifest
 
 #: HF ids of the verifiers specdraft ships as GGUF (the engines serve the HF checkpoint).
 KNOWN_HF_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -38,7 +38,7 @@ def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
             continue
         lines.append(f"  {name:<9} {manifest.elapsed_s:>7.1f}s  {manifest.figures()}")
     export = manifests.get("export")
-    if export is not None:
+    if isinstance(export, ExportManifest):
         verifier = KNOWN_HF_IDS.get(config.verifier, config.verifier)
         if verifier.endswith(".gguf"):
             verifier = "<the verifier's HF id or directory>"
