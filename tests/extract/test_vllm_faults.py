@@ -20,7 +20,7 @@ from extract_helpers import random_rows, write_prepared
 from vllm_helpers import compare_sources, engine_env, make_vllm_tiny
 
 CLI = [sys.executable, "-c", "from specdraft.cli import main; main()", "extract"]
-AUX = (1, 2, 4)
+AUX = (1, 2, 3)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def verifier(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
 
 
 def flags(run_dir: Path, verifier: Path, *extra: str) -> list[str]:
-    return ["--run-dir", str(run_dir), "--verifier", str(verifier), "--aux-layers", "1,2,4",
+    return ["--run-dir", str(run_dir), "--verifier", str(verifier), "--aux-layers", "1,2,3",
             "--batch-tokens", "64", "--storage", "bf16", "--shard-mb", "0.04", "--dtype",
             "float32", "--backend", "vllm", *extra]
 
