@@ -178,3 +178,4 @@ def test_bad_values_name_the_flag():
     assert "--fields (fields): Value error, unknown field kind(s) ['nope']" in error(
         ["generate", "--prompts", "p", "--run-dir", "r", "--field", "nope=x"])
     assert "'bf17' is not one of" in error(["extract", "--run-dir", "r", "--storage", "bf17"])
+    assert "TARGET (target): Field required" in error(["doctor"])  # positional: no --target

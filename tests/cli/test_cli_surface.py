@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -28,7 +29,8 @@ from specdraft.core.config import StageConfig, flag_name
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("cli_surface.txt")
-REGENERATE = "PYTHONPATH=src python -m specdraft.cli._surface > tests/cli/cli_surface.txt"
+REGENERATE = ("PYTHONPATH=src python -m specdraft.cli._surface > tests/cli/cli_surface.txt "
+              "(or run this test with SPECDRAFT_UPDATE_GOLDEN=1)")
 
 #: Flags of other programs that specdraft's messages and docs name, with where they belong.
 OTHER_PROGRAMS = {
@@ -72,6 +74,8 @@ def surface_diff(expected: list[str], actual: list[str]) -> list[str]:
 
 def test_cli_surface_matches_the_golden_file():
     actual = _surface.surface_lines()
+    if os.environ.get("SPECDRAFT_UPDATE_GOLDEN"):
+        GOLDEN.write_text("\n".join(actual) + "\n", encoding="utf-8")
     expected = GOLDEN.read_text(encoding="utf-8").splitlines()
     diff = surface_diff(expected, actual)
     assert not diff and actual == expected, (
@@ -204,6 +208,16 @@ def test_every_flag_named_in_src_exists():
     assert unknown_flags(paths, all_flags()) == [], (
         "messages name flags that no verb has: rename the flag in the message, or (for "
         "another program's flag) add it to OTHER_PROGRAMS with where it belongs")
+
+
+def test_config_validators_name_their_own_verbs_flags():
+    """A stage's config errors reach the user of that verb: they must name its own flags."""
+    flags = _surface.verb_flags()
+    problems = []
+    for verb in stage_commands():
+        path = REPO / "src" / "specdraft" / verb / "config.py"
+        problems += unknown_flags([path], flags[verb])
+    assert problems == []
 
 
 def test_unknown_flags_catches_a_planted_message(tmp_path):

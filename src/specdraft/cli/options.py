@@ -219,11 +219,13 @@ def stage_command(cls: type[StageConfig], *, verb: str, help: str,
     """
     flags = config_flags(cls, verb, arguments=arguments, names=names, parsers=parsers)
     by_field = {f.field: f for f in flags}
+    positional = {f.field: f.field.upper() for f in flags if f.argument}
 
     def command(**given: Any) -> None:
         config_file = given.pop("config")
         values = {name: by_field[name].value(v) for name, v in given.items()}
-        cfg = build_config(cls, config_file=config_file, section=verb, flags=values)
+        cfg = build_config(cls, config_file=config_file, section=verb, flags=values,
+                           names=positional)
         echo(_resolve(run)(cfg), cfg)
 
     config = inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
