@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from typer.testing import CliRunner
@@ -179,3 +179,32 @@ def test_bad_values_name_the_flag():
         ["generate", "--prompts", "p", "--run-dir", "r", "--field", "nope=x"])
     assert "'bf17' is not one of" in error(["extract", "--run-dir", "r", "--storage", "bf17"])
     assert "TARGET (target): Field required" in error(["doctor"])  # positional: no --target
+
+
+def test_a_new_field_of_any_type_becomes_an_option():
+    """What another stage's new fields get without touching the CLI (unions: the text given)."""
+    import typer
+    from pydantic import Field
+
+    from specdraft.cli.options import stage_command
+    from specdraft.core.config import StageConfig
+
+    class Planted(StageConfig):
+        run_dir: str = Field(description="Run directory.")
+        engine: Literal["hf", "vllm"] = Field("hf", description="Engine.")
+        budget: int | str = Field(1, description="A count or 'auto'.")
+        ids: tuple[int, ...] = Field((), description="Ids.")
+
+    seen = []
+    cmd = stage_command(Planted, verb="planted", help="A planted verb.", run=seen.append,
+                        echo=lambda result, cfg: None)
+    planted = typer.Typer()
+    planted.callback()(lambda: None)
+    planted.command("planted")(cmd)
+    res = CliRunner().invoke(planted, ["planted", "--run-dir", "r", "--engine", "vllm",
+                                       "--budget", "auto", "--ids", "3,4"])
+    assert res.exit_code == 0, res.output
+    assert seen[0].to_dict() == {"run_dir": "r", "engine": "vllm", "budget": "auto",
+                                 "ids": [3, 4]}
+    res = CliRunner().invoke(planted, ["planted", "--run-dir", "r", "--budget", "7"])
+    assert seen[1].budget == 7

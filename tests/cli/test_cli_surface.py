@@ -294,7 +294,8 @@ def test_every_flag_named_in_readme_exists():
 
 def imported_modules(code: str, names: list[str]) -> list[str]:
     """Which of ``names`` are in ``sys.modules`` after running ``code`` in a fresh python."""
-    probe = f"import sys, json\n{code}\nprint(json.dumps([n for n in {names!r} if n in sys.modules]))"
+    probe = (f"import sys, json\n{code}\n"
+             f"print(json.dumps([n for n in {names!r} if n in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, env={"PYTHONPATH": str(REPO / "src"), "PATH": ""})
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -10,7 +10,8 @@ None, meaning "not given", so ``--config FILE.yaml`` values stay unless a flag o
 - ``Literal[...]``: one of the choices; ``int``/``float``/``str``/``Path``: as typed;
 - lists and tuples: comma-separated and/or repeated (``--aux-layers 2,15,27``,
   ``--endpoint A --endpoint B``), the items then validated by the config;
-- dicts: a JSON object (``--chat-template-kwargs '{"enable_thinking": false}'``).
+- dicts: a JSON object (``--chat-template-kwargs '{"enable_thinking": false}'``);
+- any other type (a union such as ``int | str``): the text read as a YAML value, as in a file.
 
 A verb may rename a flag or give it another parser (``generate``'s ``--field KIND=COLUMN``);
 the primary name of every field's option is still ``flag_name(field)``, so a validation error
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
 import typer
+import yaml
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -37,7 +39,8 @@ from specdraft.core.config import StageConfig, flag_name
 from specdraft.core.errors import ConfigError
 
 #: Config fields deliberately not on the command line, ``(verb, field) -> reason``. Every other
-#: field of a verb's config is an option (tests/cli/test_cli_surface.py checks both ways).
+#: field of a verb's config is an option (tests/cli/test_cli_surface.py checks both ways). None
+#: today: a field that only ``specdraft run`` may set (a pipeline-internal handle) goes here.
 PIPELINE_INTERNAL: dict[tuple[str, str], str] = {}
 
 Parser = Callable[[Any], Any]
@@ -95,7 +98,7 @@ def _strip_optional(tp: Any) -> Any:
 
 
 def _kind(tp: Any) -> str:
-    """``bool``, ``choice``, ``scalar``, ``list`` or ``dict``: how the field is spelled."""
+    """``bool``, ``choice``, ``scalar``, ``list``, ``dict`` or ``text``: how it is spelled."""
     origin = typing.get_origin(tp)
     if tp is bool:
         return "bool"
@@ -107,11 +110,11 @@ def _kind(tp: Any) -> str:
         return "dict"
     if tp in (int, float, str, Path):
         return "scalar"
-    raise TypeError(f"no CLI spelling for the field type {tp!r}; give the verb a parser")
+    return "text"  # anything else (a union, a model): read as YAML, as in --config
 
 
 def split_list(items: list[str]) -> list[str]:
-    """``["2,15", "27"]`` -> ``["2", "15", "27"]``: repeated and comma-separated values, stripped."""
+    """``["2,15", "27"]`` -> ``["2", "15", "27"]``: repeated and comma-separated, stripped."""
     return [part.strip() for item in items for part in item.split(",") if part.strip()]
 
 
@@ -125,6 +128,17 @@ def json_object(flag: str) -> Parser:
         if not isinstance(value, dict):
             raise ConfigError(f"{flag}: expected a JSON object, got {type(value).__name__}")
         return value
+    return parse
+
+
+def yaml_value(flag: str) -> Parser:
+    """A parser reading the flag's text as a YAML value (``7`` -> 7, ``auto`` -> "auto"), the
+    way ``--config`` would; raises :class:`ConfigError` naming ``flag``."""
+    def parse(text: str) -> Any:
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{flag}: not a valid value ({err})") from None
     return parse
 
 
@@ -167,9 +181,10 @@ def make_flag(name: str, info: FieldInfo, *, decls: tuple[str, ...] | None = Non
         kind = "list"
     flag = flag_name(name)
     annotation: Any = {"bool": Optional[bool], "choice": Optional[tp], "scalar": Optional[tp],
-                       "list": Optional[list[str]], "dict": Optional[str]}[kind]
+                       "list": Optional[list[str]], "dict": Optional[str],
+                       "text": Optional[str]}[kind]
     if parse is None:
-        parse = {"list": split_list, "dict": json_object(flag)}.get(kind)
+        parse = {"list": split_list, "dict": json_object(flag), "text": yaml_value(flag)}.get(kind)
     if decls is None:
         decls = (f"{flag}/{flag_name('no_' + name)}",) if kind == "bool" else (flag,)
     if flag not in (d.split("/")[0] for d in decls):
@@ -217,6 +232,8 @@ def stage_command(cls: type[StageConfig], *, verb: str, help: str,
     ``echo(result, config)``. Errors are :class:`ConfigError` naming the flag (exit 2 in
     :func:`specdraft.cli.main`).
     """
+    if "config" in cls.model_fields:
+        raise TypeError(f"{cls.__name__}: a field named `config` would hide --config FILE")
     flags = config_flags(cls, verb, arguments=arguments, names=names, parsers=parsers)
     by_field = {f.field: f for f in flags}
     positional = {f.field: f.field.upper() for f in flags if f.argument}
