@@ -47,8 +47,9 @@ class GenerateConfig(StageConfig):
     timeout_s: float = Field(600.0, gt=0, description="openai: seconds per request.")
     max_retries: int = Field(5, ge=0, description="openai: retries per request (HTTP 429/5xx, "
                                                   "timeouts, dropped connections, bad bodies).")
-    backoff_base_s: float = Field(1.0, ge=0, description="openai: first retry delay in seconds; "
-                                                         "doubles per retry, with jitter.")
+    backoff_base_s: float = Field(1.0, ge=0, description="openai: retry n waits d/2..d "
+                                                         "seconds, d = this * 2**n (capped by "
+                                                         "--backoff-max-s).")
     backoff_max_s: float = Field(60.0, ge=0, description="openai: longest retry delay in "
                                                          "seconds (also caps Retry-After).")
     return_token_ids: bool = Field(True, description="openai: ask for vLLM's prompt and "
