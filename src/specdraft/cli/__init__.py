@@ -1,8 +1,10 @@
 """The ``specdraft`` command line: one sub-command per stage, each in ``cli/<verb>.py``.
 
-A verb parses options (flags, or ``--config FILE.yaml`` with the same field names), builds the
-stage's frozen config and calls ``specdraft.<stage>.run.run(config)``. No stage logic and no
-torch import here: ``specdraft --help`` stays fast.
+A verb's options are generated from its stage config's fields (:mod:`specdraft.cli.options`;
+``--config FILE.yaml`` takes the same names), the verb builds the stage's frozen config and calls
+``specdraft.<stage>.run.run(config)``. No stage logic and no torch import here: ``specdraft
+--help`` stays fast. ``python -m specdraft.cli._surface`` prints every verb's options (the golden
+``tests/cli/cli_surface.txt``).
 """
 
 from __future__ import annotations

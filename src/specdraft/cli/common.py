@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Mapping, TypeVar
 
 from specdraft.core.config import StageConfig, load_yaml, merge_settings
 from specdraft.core.errors import ConfigError
@@ -12,12 +12,13 @@ C = TypeVar("C", bound=StageConfig)
 
 
 def build_config(cls: type[C], *, config_file: Path | None, section: str,
-                 flags: dict[str, Any]) -> C:
+                 flags: dict[str, Any], names: Mapping[str, str] | None = None) -> C:
     """Build a stage config from an optional YAML file and the flags given.
 
     The YAML may be a whole pipeline config (the stage's settings under ``section``, shared
     ``run_dir`` and ``verifier`` at the top) or just the stage's settings. Flags that are not None
-    override the file. Raises :class:`~specdraft.core.errors.ConfigError` naming the flag.
+    override the file. Raises :class:`~specdraft.core.errors.ConfigError` naming the flag
+    (``names``: how to name fields that are not ``--flag``, e.g. positional arguments).
     """
     values: dict[str, Any] = {}
     source = "flags"
@@ -32,7 +33,7 @@ def build_config(cls: type[C], *, config_file: Path | None, section: str,
             if shared in data and shared in cls.model_fields and shared not in values:
                 values[shared] = data[shared]
         source = f"{config_file} [{section}] and flags"
-    return cls.build(merge_settings(values, flags), source=source)
+    return cls.build(merge_settings(values, flags), source=source, names=names)
 
 
 CONFIG_OPTION_HELP = "YAML file with this stage's settings (same names as the flags); flags win."

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import Any
 
 import typer
 
-from specdraft.cli.common import CONFIG_OPTION_HELP, build_config
+from specdraft.cli.options import stage_command
+from specdraft.doctor.config import DoctorConfig
 
 
-def command(
-    target: Path = typer.Argument(..., help="Run directory or drafter directory."),
-    verifier: Optional[str] = typer.Option(None, help="HF model dir, .gguf file or 'smollm2'."),
-    dtype: Optional[str] = typer.Option(None, help="auto | float32 | bfloat16."),
-    config: Optional[Path] = typer.Option(None, help=CONFIG_OPTION_HELP),
-) -> None:
-    """Check a drafter against its verifier and the engines' loading rules."""
-    from specdraft.doctor.config import DoctorConfig
-
-    flags = {k: v for k, v in locals().items() if k not in ("config", "DoctorConfig")}
-    cfg = build_config(DoctorConfig, config_file=config, section="doctor", flags=flags)
-    from specdraft.doctor.run import run
-
-    report = run(cfg)
+def _echo(report: dict[str, Any], cfg: DoctorConfig) -> None:
     typer.echo(f"doctor: {report['drafter']} ({report['format']})")
     for c in report["checks"]:
         typer.echo(f"  [{'PASS' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
@@ -31,3 +18,9 @@ def command(
             typer.echo(f"         fix: {c['fix']}")
     if not report["ok"]:
         raise typer.Exit(1)
+
+
+command = stage_command(
+    DoctorConfig, verb="doctor", run="specdraft.doctor.run:run", echo=_echo,
+    arguments=("target",),
+    help="Check a drafter against its verifier and the engines' loading rules.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -41,15 +41,17 @@ class StageConfig(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @classmethod
-    def build(cls, values: dict[str, Any], *, source: str = "flags"):
+    def build(cls, values: dict[str, Any], *, source: str = "flags",
+              names: Mapping[str, str] | None = None):
         """Validate ``values`` into a config, or raise :class:`ConfigError` naming the flags.
 
-        ``source`` (e.g. ``"configs/demo.yaml [train]"``) is named in the message.
+        ``source`` (e.g. ``"configs/demo.yaml [train]"``) is named in the message; ``names``
+        overrides how a field is named there (a positional argument: ``{"target": "TARGET"}``).
         """
         try:
             return cls(**values)
         except ValidationError as err:
-            raise ConfigError(format_validation_error(err, source)) from None
+            raise ConfigError(format_validation_error(err, source, names)) from None
 
 
 def parse_json_object(value: Any) -> Any:
@@ -72,15 +74,22 @@ def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """One line: ``invalid settings from SOURCE: --flag (field): message; ...``."""
+def format_validation_error(err: ValidationError, source: str,
+                            names: Mapping[str, str] | None = None) -> str:
+    """One line: ``invalid settings from SOURCE: --flag (field): message; ...``.
+
+    The flag is :func:`flag_name` of the field (the CLI generates exactly that option for every
+    field, see :mod:`specdraft.cli.options`) unless ``names`` names it otherwise.
+    """
+    names = names or {}
     parts = []
     for e in err.errors():
         if not e["loc"]:
             parts.append(e["msg"])
             continue
         field = ".".join(str(x) for x in e["loc"])
-        parts.append(f"{flag_name(str(e['loc'][0]))} ({field}): {e['msg']}")
+        top = str(e["loc"][0])
+        parts.append(f"{names.get(top) or flag_name(top)} ({field}): {e['msg']}")
     return f"invalid settings from {source}: " + "; ".join(parts)
 
 

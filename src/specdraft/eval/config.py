@@ -14,47 +14,53 @@ class EvalConfig(StageConfig):
     """Settings of the eval stage: the prompts, draft length k, temperature and length limits
     of offline speculative decoding (or a live server to read metrics from).
 
-    The drafter is ``drafter`` (a specdraft drafter directory or an exported one) or, with only
-    ``run_dir``, ``RUN/train/best``. Results go to ``RUN/eval/`` or, without a run dir, ``out``.
-    ``prompts``: JSONL with question / turns (first turn) / prompt / messages — the benchmark
-    defaults are MT-bench (``mt_bench/question.jsonl``) and GSM8K test. ``k`` drafts per verify
-    step; ``temperature`` 0 = greedy, > 0 = speculative sampling. ``server``: measure on a
-    running vLLM/SGLang instead (no local models). Prompts are rendered with the run's chat
-    format (``RUN/prepare/chat_format.json``: template and ``chat_template_kwargs`` of the training
-    data), else the verifier's; ``chat_template`` (a file) and ``chat_template_kwargs`` (JSON)
-    override it.
-
-    ``engine``: also measure with a real engine started for the eval (``vllm``: in a
-    subprocess with ``engine_python``, default env ``SPECDRAFT_VLLM_PYTHON``, this python if it
-    has vllm, else ``REPO/.venv-vllm``; ``sglang``: a launched server) on the same prompt token
-    ids; its figures are written beside the offline ones; ``auto``: vllm when a python with
-    vLLM is found (as for ``engine_python``), else none. ``engine_drafter``: the exported
-    directory the engine loads (default: the ``drafter`` when it is an export, else the run's
-    export, else one exported into the eval directory). At temperature 0 a τ gap beyond
-    ``engine_tolerance`` (absolute) fails the eval; in float32 on CPU the gap is exactly 0.
+    The drafter is ``drafter`` or, with only ``run_dir``, ``RUN/train/best``; results go to
+    ``RUN/eval/`` or, without a run dir, ``out``. The benchmark prompts are MT-bench
+    (``mt_bench/question.jsonl``) and GSM8K test. Prompts are rendered with the run's chat format
+    (``RUN/prepare/chat_format.json``), else the verifier's. With ``engine`` the same prompt ids
+    are also decoded by a real engine and its figures written beside the offline ones; at
+    temperature 0 a τ gap beyond ``engine_tolerance`` fails the eval (in float32 on CPU it is 0).
     """
 
-    run_dir: Path | None = None
-    drafter: Path | None = None
-    verifier: str = "smollm2"
-    prompts: Path
-    k: int = Field(4, ge=1, le=64)
-    temperature: float = Field(0.0, ge=0.0)
-    max_new_tokens: int = Field(128, ge=1)
-    limit: int | None = Field(None, ge=1)
-    seed: int = 0
-    device: str = "cpu"
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    server: str | None = None
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    engine: Literal["none", "auto", "vllm", "sglang"] = "none"
-    engine_python: str | None = None
-    engine_drafter: Path | None = None
-    engine_tolerance: float = Field(0.05, ge=0.0)
-    engine_timeout_s: int = Field(3600, ge=1)
-    out: Path | None = None
-    overwrite: bool = False
+    run_dir: Path | None = Field(None, description="Run directory; reads RUN/train/best, "
+                                                   "writes RUN/eval/.")
+    drafter: Path | None = Field(None, description="Drafter directory (specdraft's or an "
+                                                   "export) instead of RUN/train/best.")
+    verifier: str = Field("smollm2", description="HF model dir, .gguf file or smollm2.")
+    prompts: Path = Field(description="Any prompt file generate reads (first user turn, with "
+                                      "its system prompt), or builtin:NAME.")
+    k: int = Field(4, ge=1, le=64, description="Draft tokens per verify step.")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy; > 0 = speculative "
+                                                        "sampling.")
+    max_new_tokens: int = Field(128, ge=1, description="New tokens per prompt.")
+    limit: int | None = Field(None, ge=1, description="Use the first N prompts only.")
+    seed: int = Field(0, description="Sampling seed.")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Dtype of both "
+                                                                              "models.")
+    server: str | None = Field(None, description="URL of a running vLLM/SGLang serving the "
+                                                 "drafter: read its acceptance counters "
+                                                 "instead (no local models).")
+    chat_template: str | None = Field(None, description="Template file overriding the run's "
+                                                        "chat format (or the tokenizer's).")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="JSON chat_template_kwargs overriding the run's, e.g. "
+                          "'{\"enable_thinking\": false}'.")
+    engine: Literal["none", "auto", "vllm", "sglang"] = Field(
+        "none", description="Also measure in a real engine on the same prompt ids: vllm (a "
+                            "subprocess), sglang (a launched server), auto (vllm when a python "
+                            "with vLLM is found).")
+    engine_python: str | None = Field(None, description="Python with vLLM (none: env "
+                                                        "SPECDRAFT_VLLM_PYTHON, this python, "
+                                                        "else REPO/.venv-vllm).")
+    engine_drafter: Path | None = Field(None, description="Exported directory the engine loads "
+                                                          "(none: the run's export, else one "
+                                                          "exported into the eval directory).")
+    engine_tolerance: float = Field(0.05, ge=0.0, description="Largest offline - engine tau gap "
+                                                              "at temperature 0.")
+    engine_timeout_s: int = Field(3600, ge=1, description="Seconds the engine may run.")
+    out: Path | None = Field(None, description="Output directory when there is no --run-dir.")
+    overwrite: bool = Field(False, description="Replace earlier results.")
 
     @field_validator("chat_template_kwargs", mode="before")
     @classmethod

@@ -13,27 +13,31 @@ from specdraft.core.config import StageConfig
 class ExportConfig(StageConfig):
     """Settings of the export stage: the engine format, the output directory and whether the
     verifier's embedding is copied into the checkpoint.
-
-    The trained drafter is ``drafter`` (a specdraft drafter directory) or ``RUN/train/best``.
-    ``out`` defaults to ``RUN/export/<format>``. ``embed``: ``copy`` writes the verifier's
-    embedding (from ``RUN/extract/verifier_head.safetensors`` or ``--verifier``), ``omit`` leaves
-    it out (both engines then share the verifier's), ``auto`` copies when the verifier's
-    embedding is known. ``verifier_name`` is written as the speculators format's
-    ``verifier.name_or_path`` (default: ``--verifier``). ``dtype``: ``auto`` keeps the trained
-    dtype of the float tensors.
     """
 
-    run_dir: Path | None = None
-    drafter: Path | None = None
-    format: Literal["sglang", "vllm", "speculators"] = "sglang"
-    out: Path | None = None
-    verifier: str | None = None
-    verifier_name: str | None = None
-    embed: Literal["auto", "copy", "omit"] = "auto"
-    speculative_tokens: int = Field(3, ge=1)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    aux_layers: tuple[int, ...] | None = None
-    overwrite: bool = False
+    run_dir: Path | None = Field(None, description="Run directory; reads RUN/train/best and "
+                                                   "RUN/extract/, writes RUN/export/FORMAT.")
+    drafter: Path | None = Field(None, description="A specdraft drafter directory instead of "
+                                                   "RUN/train/best.")
+    format: Literal["sglang", "vllm", "speculators"] = Field(
+        "sglang", description="Checkpoint format: sglang (vLLM loads it too), vllm or "
+                              "speculators.")
+    out: Path | None = Field(None, description="Output directory (none: RUN/export/FORMAT).")
+    verifier: str | None = Field(None, description="HF model dir, .gguf file or smollm2: its "
+                                                   "layer count and embedding.")
+    verifier_name: str | None = Field(None, description="speculators' verifier.name_or_path "
+                                                        "(none: --verifier).")
+    embed: Literal["auto", "copy", "omit"] = Field(
+        "auto", description="The verifier's embedding: copy it (from RUN/extract/"
+                            "verifier_head.safetensors or --verifier), omit it (the engine "
+                            "shares the verifier's), or auto: copy when it is known.")
+    speculative_tokens: int = Field(3, ge=1, description="speculators' proposal length k.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Dtype of the float tensors; auto keeps the trained one.")
+    aux_layers: tuple[int, ...] | None = Field(
+        None, description="The aux ids the features were extracted with, when no "
+                          "RUN/extract/manifest.json records them (comma-separated).")
+    overwrite: bool = Field(False, description="Replace the output directory.")
 
     @field_validator("aux_layers", mode="before")
     @classmethod

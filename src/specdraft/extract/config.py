@@ -15,37 +15,47 @@ class ExtractConfig(StageConfig):
     """Settings of the extract stage: which aux hidden states to capture, batch token budget,
     storage format and shard size, and how many rows to re-verify.
 
-    ``aux_layers`` accepts a list or a comma-separated string (``"2,15,27"``); None means the
-    default ``[2, N//2, N-3]`` of an N-layer verifier. ``shard_mb`` bounds the uncompressed size
-    of a shard (MiB). ``verify`` recomputes that many random rows one at a time at the end.
-
     ``backend``: ``transformers`` (the verifier in this process) or ``vllm`` (a vLLM engine in a
-    subprocess run by ``engine_python``, default env ``SPECDRAFT_VLLM_PYTHON``, else this
-    interpreter when it has vllm, else ``REPO/.venv-vllm/bin/python``), with
-    ``tensor_parallel_size`` / ``pipeline_parallel_size`` per engine replica and ``engine_args``
-    (a JSON object of extra ``vllm.LLM`` keyword arguments). Both write the same artifacts.
+    subprocess run by ``engine_python``), with ``tensor_parallel_size`` /
+    ``pipeline_parallel_size`` per engine replica and ``engine_args``. Both write the same
+    artifacts.
     """
 
-    run_dir: Path
-    verifier: str = "smollm2"
-    aux_layers: tuple[int, ...] | None = None
-    batch_tokens: int = Field(4096, ge=1)
-    storage: Literal["fp32", "bf16", "fp8", "bf16-zstd", "fp8-zstd"] = "bf16"
-    zstd_level: int = Field(3, ge=1, le=22)
-    shard_mb: float = Field(512.0, gt=0)
-    verify: int = Field(0, ge=0)
-    seed: int = 0
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    device: str = "auto"
-    device_map: str | None = None
-    trust_remote_code: bool = False
-    resume: bool = False
-    overwrite: bool = False
-    backend: Literal["transformers", "vllm"] = "transformers"
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
-    engine_args: dict[str, Any] = Field(default_factory=dict)
-    engine_python: str | None = None
+    run_dir: Path = Field(description="Run directory; reads RUN/prepare/, writes RUN/extract/.")
+    verifier: str = Field("smollm2", description="HF model dir, .gguf file or smollm2.")
+    aux_layers: tuple[int, ...] | None = Field(
+        None, description="Aux layer ids, comma-separated (id i = the input to decoder layer "
+                          "i = HF hidden_states[i]; none: 2,N//2,N-3 of an N-layer verifier).")
+    batch_tokens: int = Field(4096, ge=1, description="Padded tokens per forward (rows x "
+                                                      "longest row).")
+    storage: Literal["fp32", "bf16", "fp8", "bf16-zstd", "fp8-zstd"] = Field(
+        "bf16", description="How hidden states are stored (fp8 = e4m3 with per-token scales; "
+                            "*-zstd: lossless compression on top).")
+    zstd_level: int = Field(3, ge=1, le=22, description="Zstandard level for *-zstd storage.")
+    shard_mb: float = Field(512.0, gt=0, description="Largest uncompressed shard, MiB.")
+    verify: int = Field(0, ge=0, description="At the end, recompute this many random rows one "
+                                             "at a time and compare.")
+    seed: int = Field(0, description="Seed of the --verify sample.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="The verifier's "
+                                                                              "dtype.")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N.")
+    device_map: str | None = Field(None, description="HF device_map, e.g. auto: spread a large "
+                                                     "verifier over the GPUs.")
+    trust_remote_code: bool = Field(False, description="Allow the verifier's own code.")
+    resume: bool = Field(False, description="Continue a killed run (finished shards are kept).")
+    overwrite: bool = Field(False, description="Delete RUN/extract and start over.")
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="transformers (the verifier in this process) or vllm (a "
+                                    "vLLM engine in a subprocess).")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel size per "
+                                                           "engine replica.")
+    pipeline_parallel_size: int = Field(1, ge=1, description="vLLM pipeline parallel size per "
+                                                             "engine replica.")
+    engine_args: dict[str, Any] = Field(default_factory=dict,
+                                        description="JSON object of extra vllm.LLM arguments.")
+    engine_python: str | None = Field(None, description="Python with vLLM (none: env "
+                                                        "SPECDRAFT_VLLM_PYTHON, this python, "
+                                                        "else REPO/.venv-vllm).")
 
     @field_validator("engine_args", mode="before")
     @classmethod

@@ -30,49 +30,81 @@ class GenerateConfig(StageConfig):
     ``endpoint`` (one or more base URLs) with at most ``concurrency`` in flight.
     """
 
-    prompts: str
-    run_dir: str
-    backend: Literal["openai", "local"] = "local"
+    prompts: str = Field(description="Prompt file (.jsonl, .json, .parquet: OpenAI messages, "
+                         "ShareGPT conversations, MT-bench turns, a question or a prompt), or "
+                         "builtin:NAME.")
+    run_dir: str = Field(description="Run directory; writes RUN/generate/.")
+    backend: Literal["openai", "local"] = Field(
+        "local", description="local: the verifier in-process; openai: OpenAI-compatible "
+                             "servers at --endpoint.")
     # openai backend
-    endpoint: list[str] = Field(default_factory=list, validate_default=True)
-    model: str | None = None
-    api_key_env: str | None = None
-    concurrency: int = Field(64, ge=1)
-    timeout_s: float = Field(600.0, gt=0)
-    max_retries: int = Field(5, ge=0)
-    backoff_base_s: float = Field(1.0, ge=0)
-    backoff_max_s: float = Field(60.0, ge=0)
-    return_token_ids: bool = True
-    extra_body: dict[str, Any] = Field(default_factory=dict)
+    endpoint: list[str] = Field(default_factory=list, validate_default=True,
+                                description="openai: server base URL(s); repeat or comma-"
+                                            "separate to spread the load.")
+    model: str | None = Field(None, description="openai: model name (none: the server's first).")
+    api_key_env: str | None = Field(None, description="openai: environment variable holding "
+                                                      "the API key.")
+    concurrency: int = Field(64, ge=1, description="openai: requests in flight.")
+    timeout_s: float = Field(600.0, gt=0, description="openai: seconds per request.")
+    max_retries: int = Field(5, ge=0, description="openai: retries per request (HTTP 429/5xx, "
+                                                  "timeouts, dropped connections, bad bodies).")
+    backoff_base_s: float = Field(1.0, ge=0, description="openai: retry n waits d/2..d "
+                                                         "seconds, d = this * 2**n (capped by "
+                                                         "--backoff-max-s).")
+    backoff_max_s: float = Field(60.0, ge=0, description="openai: longest retry delay in "
+                                                         "seconds (also caps Retry-After).")
+    return_token_ids: bool = Field(True, description="openai: ask for vLLM's prompt and "
+                                                     "completion token ids (off for strict "
+                                                     "servers).")
+    extra_body: dict[str, Any] = Field(default_factory=dict,
+                                       description="openai: JSON object merged into each "
+                                                   "request, e.g. '{\"top_k\": 20}'.")
     # local backend
-    verifier: str = "smollm2"
-    device: str = "cpu"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    batch_size: int = Field(8, ge=1)
+    verifier: str = Field("smollm2", description="local: HF model dir, .gguf file or smollm2 "
+                                                 "(the embedded SmolLM2-135M).")
+    device: str = Field("cpu", description="local: cpu, cuda, cuda:1, ...")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="local: the verifier's weights dtype.")
+    batch_size: int = Field(8, ge=1, description="local: prompts per batch.")
     # sampling and chat template
-    max_tokens: int = Field(2048, ge=1)
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = None
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    system_prompt: str | None = None
+    max_tokens: int = Field(2048, ge=1, description="Completion tokens per turn.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature; 0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling: smallest token set "
+                                                      "with this probability mass.")
+    seed: int | None = Field(None, description="Sampling seed (none: unseeded).")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="JSON object for the chat template, e.g. "
+                                          "'{\"enable_thinking\": true}'; stored with each "
+                                          "sample.")
+    system_prompt: str | None = Field(None, description="System message for rows without one.")
     # inputs
-    fields: dict[str, str] = Field(default_factory=dict)
-    limit: int | None = Field(None, ge=1)
+    fields: dict[str, str] = Field(default_factory=dict,
+                                   description="KIND=COLUMN: read input field KIND (messages, "
+                                               "conversations, turns, question, prompt, system, "
+                                               "id) from COLUMN; repeatable.")
+    limit: int | None = Field(None, ge=1, description="Use the first N prompts only.")
     # reasoning
-    think_open: str = Field(DEFAULT_THINK[0], min_length=1)
-    think_close: str = Field(DEFAULT_THINK[1], min_length=1)
-    require_reasoning: bool = False
-    malformed_think: Literal["reject", "keep"] = "reject"
-    # finish_reason=length: reject (default), or keep the cut answer (prepare then supervises
-    # it without a stop token and marks the row truncated)
-    keep_truncated: bool = False
+    think_open: str = Field(DEFAULT_THINK[0], min_length=1,
+                            description="Opener of inline reasoning in the answer text.")
+    think_close: str = Field(DEFAULT_THINK[1], min_length=1,
+                             description="Closer of inline reasoning in the answer text.")
+    require_reasoning: bool = Field(False, description="Reject turns without reasoning "
+                                                       "(empty_reasoning).")
+    malformed_think: Literal["reject", "keep"] = Field(
+        "reject", description="Turns with broken think tags: reject them, or keep them flagged.")
+    keep_truncated: bool = Field(False, description="Keep answers cut by --max-tokens (prepare "
+                                                    "supervises them without a stop token) "
+                                                    "instead of rejecting them.")
     # run control
-    resume: bool = False
-    overwrite: bool = Field(False, validate_default=True)
-    flush_every: int = Field(64, ge=1)
-    flush_interval_s: float = Field(5.0, gt=0)
-    progress_interval_s: float = Field(30.0, gt=0)
+    resume: bool = Field(False, description="Continue a partial run: skip finished ids, retry "
+                                            "ids rejected with error.")
+    overwrite: bool = Field(False, validate_default=True,
+                            description="Delete RUN/generate and start over.")
+    flush_every: int = Field(64, ge=1, description="Samples per fsynced write batch.")
+    flush_interval_s: float = Field(5.0, gt=0, description="Seconds after which pending "
+                                                           "samples are written anyway.")
+    progress_interval_s: float = Field(30.0, gt=0, description="Seconds between progress "
+                                                               "lines.")
 
     @field_validator("fields")
     @classmethod

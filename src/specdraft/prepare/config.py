@@ -19,47 +19,53 @@ def _split_tokens(value: Any) -> Any:
 
 class PrepareConfig(StageConfig):
     """Settings of the prepare stage: the tokenizer and chat template, which turns are
-    supervised, think and stop tokens, and the sequence length limit.
-
-    - ``verifier``: HF model directory, ``.gguf`` file or ``"smollm2"``; its tokenizer and chat
-      template are used, and its vocabulary size is recorded for ``specdraft vocab``.
-    - ``tokenizer``: a tokenizer directory or ``.gguf`` to use instead of the verifier's (same
-      vocabulary assumed).
-    - ``data``: a conversation file (``.jsonl``/``.json``/``.parquet``) or a ``save_to_disk``
-      directory, read instead of ``RUN/generate/samples.jsonl``.
-    - ``turns``: ``all`` supervises every generated assistant turn (one row each); ``last`` only
-      the last one.
-    - ``chat_template``: a file whose text replaces the tokenizer's chat template.
-    - ``chat_template_kwargs``: kwargs for records that carry none (records from ``generate``
-      carry the kwargs used at generation, and those win).
-    - ``think_tokens``: ``(opener, closer)``; each must be one token of the vocabulary. None:
-      ``<think>``/``</think>`` when the tokenizer has them as single tokens, else none.
-    - ``stop_tokens``: the token(s) the model emits to end its turn. None: detected from the
-      template (the first special token after the assistant's text), else the eos token.
-    - ``reasoning_format``: how reasoning and the closer are joined when the generation prompt
-      already ends with the think opener and the template drops the reasoning of the rendered
-      turn (DeepSeek-R1 style): ``{reasoning}``, ``{close}`` are substituted, then the answer
-      follows.
-    - ``add_special_tokens``: tokenize the rendered text with the tokenizer's automatic special
-      tokens (off: the template writes BOS itself, as vLLM/SGLang chat endpoints tokenize).
+    supervised, think and stop tokens, and the sequence length limit (each field's
+    ``description`` says what it does; ``specdraft prepare --help`` shows them).
     """
 
-    run_dir: str
-    verifier: str = "smollm2"
-    tokenizer: str | None = None
-    data: str | None = None
-    turns: Literal["all", "last"] = "all"
-    max_seq_len: int = Field(2048, ge=2)
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    think_tokens: tuple[str, str] | None = None
-    stop_tokens: tuple[str, ...] | None = None
-    reasoning_format: str = "{reasoning}\n{close}\n\n"
-    require_reasoning: bool = False
-    add_special_tokens: bool = False
-    trust_remote_code: bool = False
-    resume: bool = False
-    overwrite: bool = False
+    run_dir: str = Field(description="Run directory; reads RUN/generate/, writes RUN/prepare/.")
+    verifier: str = Field("smollm2", description="HF model dir, .gguf file or smollm2: its "
+                                                 "tokenizer and chat template are used, its "
+                                                 "vocabulary size recorded for vocab.")
+    tokenizer: str | None = Field(None, description="Tokenizer dir or .gguf instead of the "
+                                                    "verifier's (same vocabulary assumed).")
+    data: str | None = Field(None, description="Conversation file (.jsonl, .json, .parquet: "
+                                               "OpenAI messages or ShareGPT conversations) or a "
+                                               "save_to_disk dir, read instead of "
+                                               "RUN/generate/samples.jsonl.")
+    turns: Literal["all", "last"] = Field("all", description="all: every generated assistant "
+                                                             "turn is supervised (one row "
+                                                             "each); last: only the last one.")
+    max_seq_len: int = Field(2048, ge=2, description="Tokens per row; longer turns are "
+                                                     "rejected (too_long).")
+    chat_template: str | None = Field(None, description="File whose text replaces the "
+                                                        "tokenizer's chat template.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="JSON object for records that carry none (records "
+                                          "from generate carry theirs, and those win), e.g. "
+                                          "'{\"enable_thinking\": false}'.")
+    think_tokens: tuple[str, str] | None = Field(
+        None, description="OPEN,CLOSE reasoning tokens, each one token of the vocabulary (none: "
+                          "<think>,</think> when the tokenizer has them as single tokens).")
+    stop_tokens: tuple[str, ...] | None = Field(
+        None, description="The token(s) that end the model's turn, comma-separated (none: the "
+                          "first special token after the assistant's text in the template, "
+                          "else eos).")
+    reasoning_format: str = Field(
+        "{reasoning}\n{close}\n\n",
+        description="How reasoning and the closer are joined when the generation prompt ends "
+                    "with the think opener and the template drops the turn's reasoning "
+                    "(DeepSeek-R1 style); {reasoning} and {close} are substituted.")
+    require_reasoning: bool = Field(False, description="Reject turns without reasoning "
+                                                       "(no_reasoning).")
+    add_special_tokens: bool = Field(False, description="Let the tokenizer add its automatic "
+                                                        "special tokens (off: the template "
+                                                        "writes BOS itself, as vLLM/SGLang "
+                                                        "chat endpoints tokenize).")
+    trust_remote_code: bool = Field(False, description="Allow the tokenizer's own code.")
+    resume: bool = Field(False, description="Run again over RUN/prepare (prepare is "
+                                            "deterministic).")
+    overwrite: bool = Field(False, description="Delete RUN/prepare and start over.")
 
     @field_validator("think_tokens", "stop_tokens", mode="before")
     @classmethod

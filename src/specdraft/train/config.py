@@ -21,39 +21,60 @@ class TrainConfig(StageConfig):
     ``grad_accum=2`` and 2 processes with ``grad_accum=1`` see the same global batch).
     """
 
-    run_dir: Path
-    epochs: int = Field(1, ge=1)
-    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
-    ttt_steps: int = Field(7, ge=1)
-    step_weight: float = Field(0.8, gt=0, description="loss weight of TTT step k is this ** k")
-    loss: Literal["soft", "hard"] = "soft"
-    oov_policy: Literal["mask", "keep"] = "mask"
-    lr: float = Field(1e-4, gt=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    warmup_steps: int = Field(100, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.95, ge=0, lt=1)
-    grad_clip: float = Field(0.5, ge=0, description="max grad norm; 0 disables clipping")
-    batch_tokens: int = Field(8192, ge=2)
-    grad_accum: int = Field(1, ge=1)
-    length_window: int = Field(64, ge=1, description="rows sorted by length within windows")
-    val_fraction: float = Field(0.05, ge=0, lt=1)
-    eval_every: int = Field(500, ge=1)
-    save_every: int = Field(500, ge=1)
-    keep_checkpoints: int = Field(3, ge=1)
-    log_every: int = Field(10, ge=1)
-    seed: int = 0
-    attn_impl: Literal["dense", "split"] = "split"
-    norm_before_residual: bool = False
-    parallel: Literal["ddp", "fsdp"] = "ddp"
-    device: str | None = None
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    online: bool = False
-    verifier: str | None = None
-    aux_layers: tuple[int, ...] | None = None
-    resume: bool = False
-    overwrite: bool = False
+    run_dir: Path = Field(description="Run directory; reads RUN/extract/ (or RUN/prepare/ "
+                                      "online) and RUN/vocab/, writes RUN/train/.")
+    epochs: int = Field(1, ge=1, description="Passes over the training rows.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    ttt_steps: int = Field(7, ge=1, description="Training-time-test steps K per position.")
+    step_weight: float = Field(0.8, gt=0, description="Loss weight of TTT step k is this ** k.")
+    loss: Literal["soft", "hard"] = Field("soft", description="soft: cross-entropy to the "
+                                                              "verifier's distribution; hard: "
+                                                              "to its token.")
+    oov_policy: Literal["mask", "keep"] = Field(
+        "mask", description="Labels outside the draft vocabulary: mask them out of the loss, "
+                            "or keep them with the restricted target (needs --loss soft).")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay ends at this "
+                                                             "fraction of --lr.")
+    warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
+    grad_clip: float = Field(0.5, ge=0, description="Max gradient norm; 0 disables clipping.")
+    batch_tokens: int = Field(8192, ge=2, description="Padded tokens per micro-batch (rows x "
+                                                      "longest row).")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step per rank.")
+    length_window: int = Field(64, ge=1, description="Rows are sorted by length within "
+                                                     "shuffled windows of this many rows.")
+    val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of rows held out for "
+                                                              "validation.")
+    eval_every: int = Field(500, ge=1, description="Validate every N steps.")
+    save_every: int = Field(500, ge=1, description="Checkpoint every N steps.")
+    keep_checkpoints: int = Field(3, ge=1, description="Newest checkpoints kept in "
+                                                       "RUN/train/checkpoints/.")
+    log_every: int = Field(10, ge=1, description="Log training metrics every N steps.")
+    seed: int = Field(0, description="Seed of the initialization, split and shuffling.")
+    attn_impl: Literal["dense", "split"] = Field("split", description="TTT attention: split "
+                                                                      "(per-step products) or "
+                                                                      "dense (one masked SDPA).")
+    norm_before_residual: bool = Field(False, description="Take the residual after the hidden "
+                                                          "norm (written to the exported "
+                                                          "config).")
+    parallel: Literal["ddp", "fsdp"] = Field("ddp", description="Data parallelism under "
+                                                                "torchrun.")
+    device: str | None = Field(None, description="cpu, cuda, cuda:1 (none: cuda:LOCAL_RANK when "
+                                                 "CUDA is available, else cpu).")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="auto: bf16 autocast on GPU, float32 on CPU.")
+    online: bool = Field(False, description="Run the verifier inside the training step "
+                                            "instead of reading RUN/extract.")
+    verifier: str | None = Field(None, description="HF model dir, .gguf file or smollm2 "
+                                                   "(needed with --online).")
+    aux_layers: tuple[int, ...] | None = Field(
+        None, description="--online: aux layer ids, comma-separated (none: 2,N//2,N-3); "
+                          "offline, RUN/extract's ids are used.")
+    resume: bool = Field(False, description="Continue from the newest readable checkpoint.")
+    overwrite: bool = Field(False, description="Delete RUN/train and start over.")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
