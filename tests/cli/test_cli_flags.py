@@ -46,6 +46,10 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
     ("extract", "device"): (["--device", "cuda:1"], "cuda:1"),
     ("train", "aux_layers"): (["--aux-layers", "2,3", "--aux-layers", "4"], (2, 3, 4)),
     ("train", "online"): (["--online", "--verifier", "smollm2"], True),
+    ("export", "aux_layers"): (["--aux-layers", "1,2,3"], (1, 2, 3)),
+    ("extract", "engine_args"): (["--engine-args", '{"max_num_seqs": 8}'], {"max_num_seqs": 8}),
+    ("eval", "chat_template_kwargs"): (["--chat-template-kwargs", '{"enable_thinking": false}'],
+                                       {"enable_thinking": False}),
 }
 
 CONFIG_MODULES = {"generate": "generate", "prepare": "prepare", "vocab": "vocab",

@@ -48,6 +48,9 @@ OTHER_PROGRAMS = {
     "--no-deps": "pip install",
     "--samples": "benchmarks/bench_extract.py (README)",
     "--reps": "benchmarks/bench_extract.py (README)",
+    "--hf-dir": "benchmarks/bench_extract.py (README)",
+    "--host": "sglang.launch_server / vllm's api_server (eval/sglang.py, tests)",
+    "--port": "sglang.launch_server / vllm's api_server (eval/sglang.py, tests)",
     "--fc": "not a flag: the `--fc-->` arrow of the diagram in models/eagle3.py",
     "--flag": "not a flag: the placeholder in core/config.py's format_validation_error doc",
 }
