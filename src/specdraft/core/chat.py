@@ -40,6 +40,12 @@ TEMPLATE_REASONING_FIELDS = ("reasoning", "reasoning_content", "thinking")
 #: ``reasoning_content``.
 SERVER_REASONING_FIELDS = ("reasoning", "reasoning_content")
 CHAT_FORMAT_FILE = "chat_format.json"
+#: ShareGPT ``from`` values (lower-cased) -> OpenAI roles, for every reader of ShareGPT files
+#: (generate's prompt files, prepare's conversation files).
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
+                  "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant",
+                  "bard": "assistant", "model": "assistant", "function_call": "assistant",
+                  "tool": "tool", "function_response": "tool", "observation": "tool"}
 _PROBE_ANSWER = "SPECDRAFTPROBEANSWER"
 _PROBE_REASONING = "SPECDRAFTPROBEREASONING"
 _BYTE_FALLBACK = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")

@@ -21,12 +21,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specdraft.core.assets import resolve_path
+from specdraft.core.chat import SHAREGPT_ROLES
 from specdraft.core.errors import InputError
 from specdraft.core.jsonl import iter_jsonl, read_json
 
-_SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
-                   "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant",
-                   "bard": "assistant"}
 _ID_FALLBACKS = ("question_id", "sample_id")
 
 
@@ -119,7 +117,7 @@ def _turns_of(row: dict[str, Any], fields: dict[str, str], where: str
                               text_key="content", roles=None)
     if fields["conversations"] in row:
         return _from_messages(row[fields["conversations"]], where, role_key="from",
-                              text_key="value", roles=_SHAREGPT_ROLES)
+                              text_key="value", roles=SHAREGPT_ROLES)
     if fields["turns"] in row:
         turns = row[fields["turns"]]
         if not isinstance(turns, list) or not turns:

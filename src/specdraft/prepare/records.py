@@ -13,15 +13,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
+from specdraft.core.chat import SHAREGPT_ROLES
 from specdraft.core.errors import InputError
 from specdraft.core.jsonl import iter_jsonl, read_json
 from specdraft.generate.reasoning import split_inline
 from specdraft.prepare.turns import TurnRejected
-
-_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                   "chatgpt": "assistant", "model": "assistant", "system": "system",
-                   "tool": "tool", "function_response": "tool", "observation": "tool",
-                   "function_call": "assistant"}
 
 
 @dataclass(frozen=True)
@@ -180,7 +176,7 @@ def _tools(tools: Any, where: str) -> list | None:
 def _from_sharegpt(message: dict[str, Any], where: str) -> dict[str, Any]:
     """A ShareGPT ``{"from", "value"}`` message as an OpenAI message (``function_call`` values,
     JSON ``{"name", "arguments"}``, become an assistant ``tool_calls`` entry)."""
-    role = _SHAREGPT_ROLES.get(str(message.get("from", "")).lower())
+    role = SHAREGPT_ROLES.get(str(message.get("from", "")).lower())
     if role is None:
         raise TurnRejected("bad_record", f"{where}: unknown ShareGPT role {message.get('from')!r}")
     out = {k: v for k, v in message.items() if k not in ("from", "value")}
