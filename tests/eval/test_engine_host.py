@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from specdraft.core import verifier
 from specdraft.core.errors import ConfigError
+from specdraft.core.verifier import vllm_python
 from specdraft.eval import engine
 from specdraft.eval.acceptance import AcceptanceStats
 from specdraft.eval.engine import EngineError, agreement, figures, run_worker
@@ -43,16 +45,16 @@ def test_offline_counts_match_engine_counter_definitions():
 def test_engine_python_lookup(tmp_path, monkeypatch):
     py = tmp_path / "python"
     py.write_text("")
-    monkeypatch.setenv(engine.VLLM_PYTHON_ENV, str(py))
-    assert engine.engine_python() == str(py)
-    assert engine.engine_python(str(py)) == str(py)
+    monkeypatch.setenv(verifier.VLLM_PYTHON_ENV, str(py))
+    assert vllm_python() == str(py)
+    assert vllm_python(str(py)) == str(py)
     with pytest.raises(ConfigError, match="no such file"):
-        engine.engine_python(str(tmp_path / "nope"))
-    monkeypatch.delenv(engine.VLLM_PYTHON_ENV)
-    monkeypatch.setattr(engine.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(engine, "REPO", tmp_path)
+        vllm_python(str(tmp_path / "nope"))
+    monkeypatch.delenv(verifier.VLLM_PYTHON_ENV)
+    monkeypatch.setattr(verifier.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(verifier, "REPO", tmp_path)
     with pytest.raises(ConfigError, match="make install-vllm"):
-        engine.engine_python()
+        vllm_python()
 
 
 def _alive(pid: int) -> bool:
@@ -161,9 +163,9 @@ def test_engine_auto_is_vllm_only_when_found(tmp_path, monkeypatch):
     from specdraft.eval.run import resolve_engine
 
     cfg = EvalConfig(drafter=tmp_path, prompts=tmp_path, out=tmp_path, engine="auto")
-    monkeypatch.delenv(engine.VLLM_PYTHON_ENV, raising=False)
-    monkeypatch.setattr(engine.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(engine, "REPO", tmp_path)
+    monkeypatch.delenv(verifier.VLLM_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(verifier.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(verifier, "REPO", tmp_path)
     assert resolve_engine(cfg) == "none"
     (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
     (tmp_path / ".venv-vllm" / "bin" / "python").write_text("")

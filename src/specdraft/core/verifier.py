@@ -178,3 +178,29 @@ def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
     return out
+
+
+VLLM_PYTHON_ENV = "SPECDRAFT_VLLM_PYTHON"
+REPO = Path(__file__).resolve().parents[3]  # the checkout, where `make install-vllm` builds
+
+
+def vllm_python(explicit: str | None = None) -> str:
+    """The python that has vLLM, for every stage that runs the engine in a subprocess (vLLM keeps
+    its own venv: its transformers pin clashes with ours): ``explicit`` (``--engine-python``),
+    else env ``SPECDRAFT_VLLM_PYTHON``, else this python when it can import vllm (a GPU machine
+    with the user's own vLLM), else ``REPO/.venv-vllm/bin/python`` (``make install-vllm``).
+    Raises :class:`ConfigError` when none exists."""
+    import sys
+
+    for cand in (explicit, os.environ.get(VLLM_PYTHON_ENV)):
+        if cand:
+            if not Path(cand).exists():
+                raise ConfigError(f"--engine-python {cand}: no such file")
+            return str(cand)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    local = REPO / ".venv-vllm" / "bin" / "python"
+    if local.exists():
+        return str(local)
+    raise ConfigError("no python with vLLM found: run `make install-vllm`, or pass "
+                      f"--engine-python PY (or set {VLLM_PYTHON_ENV})")

@@ -1,7 +1,7 @@
 """``specdraft eval --engine vllm``: the real serving engine measures the exported drafter.
 
 vLLM pins its own ``transformers``, so it runs in a subprocess with the engine's python
-(:func:`engine_python`) and our stdlib-only script :mod:`specdraft.eval.engine_worker`. The
+(:func:`specdraft.core.verifier.vllm_python`) and our stdlib-only script :mod:`specdraft.eval.engine_worker`. The
 engine gets the SAME prompt token ids the offline eval renders, the same k, temperature, max
 tokens and stop ids; its spec-decode counters are read before/after generation. The figures:
 
@@ -16,7 +16,6 @@ side and, per prompt, whether the committed tokens are identical. In float32 on 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -27,10 +26,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdraft.core.errors import ConfigError, SpecdraftError
+from specdraft.core.verifier import vllm_python
 
 WORKER = Path(__file__).with_name("engine_worker.py")
 REPO = Path(__file__).resolve().parents[3]
-VLLM_PYTHON_ENV = "SPECDRAFT_VLLM_PYTHON"
 #: The acceptance rule both sides apply (recorded beside the figures).
 RULES = {True: "greedy: a draft is accepted iff it equals the verifier's argmax",
          False: "speculative sampling: accept with min(1, p/q), resample from max(0, p - q)"}
@@ -42,24 +41,6 @@ class EngineError(SpecdraftError, RuntimeError):
 
 class EngineDisagreement(SpecdraftError, RuntimeError):
     """Offline and engine τ differ by more than the tolerance (results are written first)."""
-
-
-def engine_python(explicit: str | None = None) -> str:
-    """The python that has vLLM: ``explicit`` (``--engine-python``), else env
-    ``SPECDRAFT_VLLM_PYTHON``, else this python when it can import vllm, else
-    ``REPO/.venv-vllm/bin/python`` (``make install-vllm``). Raises :class:`ConfigError`."""
-    for cand in (explicit, os.environ.get(VLLM_PYTHON_ENV)):
-        if cand:
-            if not Path(cand).exists():
-                raise ConfigError(f"--engine-python {cand}: no such file")
-            return str(cand)
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    local = REPO / ".venv-vllm" / "bin" / "python"
-    if local.exists():
-        return str(local)
-    raise ConfigError("--engine vllm: no python with vLLM found; run `make install-vllm`, or "
-                      f"pass --engine-python PY (or set {VLLM_PYTHON_ENV})")
 
 
 def verifier_hf_dir(verifier: str, cache: Path) -> Path:
@@ -219,7 +200,7 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
     Raises :class:`EngineDisagreement` (after the caller wrote the results: see
     :func:`check_agreement`), :class:`EngineError` or :class:`ConfigError`.
     """
-    python = engine_python(config.engine_python)
+    python = vllm_python(config.engine_python)
     cache = (Path(config.run_dir) if config.run_dir else out) / "verifier-hf"
     vdir = verifier_hf_dir(config.verifier, cache)
     ddir = engine_drafter(config, out)

@@ -138,10 +138,10 @@ def resolve_engine(config: EvalConfig) -> str:
     if config.engine != "auto":
         return config.engine
     from specdraft.core.errors import ConfigError
-    from specdraft.eval.engine import engine_python
+    from specdraft.core.verifier import vllm_python
 
     try:
-        engine_python(config.engine_python)
+        vllm_python(config.engine_python)
     except ConfigError:
         print("eval: engine auto: no python with vLLM found (make install-vllm): offline only",
               file=sys.stderr)

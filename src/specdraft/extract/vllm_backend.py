@@ -30,8 +30,9 @@ from typing import Any, Sequence
 
 import torch
 
-from specdraft.core.errors import ConfigError, InputError, SpecdraftError
 from specdraft.core.conventions import supervised_mask
+from specdraft.core.errors import ConfigError, InputError, SpecdraftError
+from specdraft.core.verifier import vllm_python
 from specdraft.extract.capture import Packed
 from specdraft.extract.storage import Codec, encode
 from specdraft.extract.vllm_worker import done_path, spool_path
@@ -160,21 +161,6 @@ def engine_layer_ids(aux_ids: Sequence[int], n_layers: int) -> list[int]:
     return sorted(set(aux_ids) | {n_layers})
 
 
-def engine_python(config: Any) -> str:
-    """The interpreter with vllm: ``--engine-python``, env ``SPECDRAFT_VLLM_PYTHON``, this one
-    when it imports vllm, else ``REPO/.venv-vllm/bin/python``. Raises :class:`ConfigError`."""
-    chosen = config.engine_python or os.environ.get("SPECDRAFT_VLLM_PYTHON")
-    if chosen is None:
-        import importlib.util
-        if importlib.util.find_spec("vllm") is not None:
-            return sys.executable
-        chosen = str(Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python")
-    if not Path(chosen).exists():
-        raise ConfigError(f"--engine-python {chosen}: not found; install vLLM (make "
-                          f"install-vllm) or set SPECDRAFT_VLLM_PYTHON")
-    return chosen
-
-
 def to_packed(hidden: torch.Tensor, loss_mask: Sequence[int], aux_ids: Sequence[int],
               ids: Sequence[int], verifier: EngineVerifier, codec: Codec) -> Packed:
     """One row's engine states ``hidden`` ``[T, len(ids), H]`` (ids ascending) → :class:`Packed`
@@ -264,7 +250,7 @@ def _start_engine(job_dir: Path, config: Any, world: int) -> subprocess.Popen:
             os.environ.get("CUDA_VISIBLE_DEVICES"))
     log = open(job_dir / "engine.log", "wb")
     try:
-        return subprocess.Popen([engine_python(config), "-m", "specdraft.extract.vllm_worker",
+        return subprocess.Popen([vllm_python(config.engine_python), "-m", "specdraft.extract.vllm_worker",
                                  str(job_dir)], env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
     finally:
