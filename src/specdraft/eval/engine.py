@@ -29,7 +29,6 @@ from specdraft.core.errors import ConfigError, SpecdraftError
 from specdraft.core.verifier import vllm_python
 
 WORKER = Path(__file__).with_name("engine_worker.py")
-REPO = Path(__file__).resolve().parents[3]
 #: The acceptance rule both sides apply (recorded beside the figures).
 RULES = {True: "greedy: a draft is accepted iff it equals the verifier's argmax",
          False: "speculative sampling: accept with min(1, p/q), resample from max(0, p - q)"}
