@@ -45,10 +45,12 @@ def engine_runs(overfit_run, results, engine_verifier, vllm_python, tmp_path_fac
     root = tmp_path_factory.mktemp("variants")
     best, good = overfit_run / "train" / "best", overfit_run / "export" / "sglang"
     paths = {"sglang": good}
-    for fmt in ("vllm", "speculators"):
+    extracted = json.loads((overfit_run / "extract" / "manifest.json").read_text())
+    for fmt in ("vllm", "speculators"):  # a drafter dir outside its run: the facts are passed
         paths[fmt] = root / fmt
         export(ExportConfig(drafter=best, out=paths[fmt], format=fmt,
                             verifier=str(engine_verifier), verifier_name=str(engine_verifier),
+                            aux_layers=tuple(extracted["aux_layer_ids"]),
                             speculative_tokens=K))
     paths["aux_shifted"] = shift_aux(copy_export(paths["vllm"], root / "aux_shifted"), 2)
     paths["aux_plus1"] = shift_aux(copy_export(paths["vllm"], root / "aux_plus1"), 1)

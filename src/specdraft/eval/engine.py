@@ -171,8 +171,11 @@ def engine_drafter(config: Any, out: Path) -> Path:
     from specdraft.export.run import run as export_run
 
     target = out / "engine-drafter"
+    # the engine must run the drafter the offline loop ran, with the aux ids it was built with
+    # (the offline eval captures those same ids), so they are the facts the export checks against
     export_run(ExportConfig(drafter=src, out=target, verifier=config.verifier, overwrite=True,
-                            speculative_tokens=config.k))
+                            speculative_tokens=config.k,
+                            aux_layers=tuple(read_drafter(src).config.aux_layer_ids)))
     return target
 
 
