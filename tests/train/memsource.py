@@ -66,6 +66,9 @@ def greedy_corpus(model, n: int, prompt_len: int = 6, gen_len: int = 30, seed: i
 def write_vocab(run_dir: Path, samples, vocab_size: int, drop: tuple[int, ...] = ()) -> list[int]:
     """``RUN/vocab``: draft vocab = the loss-masked tokens of ``samples`` (minus ``drop``);
     writes vocab_map.safetensors and a manifest; returns the target ids, ascending."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (for worker processes)
     from stubs import write_stub_manifest
 
     ids = sorted({t for _, x, m in samples for t, keep in zip(x, m) if keep} - set(drop))
