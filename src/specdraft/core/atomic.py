@@ -40,11 +40,11 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     try:
         with open(tmp, mode, **kwargs) as f:
             yield f
-            with _named(path):
+            with named_os_error(path):
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-        with _named(path):
+        with named_os_error(path):
             fsync_dir(path.parent)
     finally:
         if tmp.exists():
@@ -52,8 +52,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
 
 
 @contextlib.contextmanager
-def _named(path: Path) -> Iterator[None]:
-    """An unnamed OSError (disk full at flush/fsync) re-raised naming ``path``."""
+def named_os_error(path: str | os.PathLike) -> Iterator[None]:
+    """Re-raise an :class:`OSError` without a file name (a failed write, flush or fsync: disk
+    full, I/O error) with ``path`` as its file name, errno kept, so the message names it."""
     try:
         yield
     except OSError as err:

@@ -69,6 +69,18 @@ def parse_json_object(value: Any) -> Any:
     return value
 
 
+def parse_layer_ids(value: Any) -> Any:
+    """A comma-separated layer-id flag (``"2,15,27"``) as a tuple of ints; other values pass
+    through to the field's own validation. Raises ``ValueError`` naming the expected form."""
+    if isinstance(value, str):
+        try:
+            return tuple(int(x) for x in value.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"expected comma-separated layer ids like 2,15,27, "
+                             f"got {value!r}") from None
+    return value
+
+
 def flag_name(field: str) -> str:
     """``max_tokens`` -> ``--max-tokens``."""
     return "--" + field.replace("_", "-")

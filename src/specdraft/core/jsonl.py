@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from specdraft.core.atomic import named_os_error
 from specdraft.core.errors import InputError
 
 
@@ -35,18 +36,6 @@ def repair_torn_tail(path: str | os.PathLike) -> int:
         f.flush()
         os.fsync(f.fileno())
     return len(data) - start
-
-
-@contextlib.contextmanager
-def named_os_error(path: str | os.PathLike) -> Iterator[None]:
-    """Re-raise an :class:`OSError` without a file name (a failed write, flush or fsync: disk
-    full, I/O error) with ``path`` as its file name, errno kept, so the message names it."""
-    try:
-        yield
-    except OSError as err:
-        if err.filename is None and err.errno is not None:
-            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
-        raise
 
 
 class JsonlWriter:

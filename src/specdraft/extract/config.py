@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from specdraft.core.config import StageConfig
+from specdraft.core.config import StageConfig, parse_layer_ids
 
 
 class ExtractConfig(StageConfig):
@@ -72,12 +72,7 @@ class ExtractConfig(StageConfig):
     @field_validator("aux_layers", mode="before")
     @classmethod
     def _parse_aux(cls, v: object) -> object:
-        if isinstance(v, str):
-            try:
-                return tuple(int(x) for x in v.split(",") if x.strip())
-            except ValueError:
-                raise ValueError(f"expected comma-separated layer ids like 2,15,27, got {v!r}")
-        return v
+        return parse_layer_ids(v)
 
     @field_validator("device")
     @classmethod
