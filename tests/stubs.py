@@ -21,3 +21,19 @@ def write_stub_manifest(stage_dir: Path, stage: str, **facts) -> Path:
     path = Path(stage_dir) / "manifest.json"
     path.write_text(json.dumps({**base, **required, **facts}))
     return path
+
+
+def vllm_python_or_skip() -> str:
+    """``SPECDRAFT_VLLM_PYTHON`` or ``REPO/.venv-vllm/bin/python`` (``make install-vllm``) for
+    the real-engine tests; skipped when absent, a failure under ``CI``."""
+    import os
+
+    import pytest
+
+    repo = Path(__file__).resolve().parents[1]
+    path = os.environ.get("SPECDRAFT_VLLM_PYTHON") or str(repo / ".venv-vllm" / "bin" / "python")
+    if not Path(path).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} not found: CI must have the vLLM venv (make install-vllm)")
+        pytest.skip(f"{path} not found (the real-engine tests need make install-vllm)")
+    return path

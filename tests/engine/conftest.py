@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from stubs import vllm_python_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -22,14 +23,7 @@ from engine_kit import K, MAX_TOKENS, QUESTIONS, TRAIN, make_chaotic_verifier, w
 
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    """``SPECDRAFT_VLLM_PYTHON`` or ``REPO/.venv-vllm/bin/python`` (``make install-vllm``);
-    skipped when absent, a failure under ``CI``."""
-    py = os.environ.get("SPECDRAFT_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not Path(py).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{py} missing: CI must run `make install-vllm` first")
-        pytest.skip(f"{py} missing (run `make install-vllm`)")
-    return py
+    return vllm_python_or_skip()
 
 
 @pytest.fixture(scope="session")

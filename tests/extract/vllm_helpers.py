@@ -8,18 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from stubs import vllm_python_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def vllm_python() -> str:
-    """``SPECDRAFT_VLLM_PYTHON`` or ``REPO/.venv-vllm/bin/python``; skip when absent, fail in CI."""
-    path = os.environ.get("SPECDRAFT_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not Path(path).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{path} not found: CI must have the vLLM venv (make install-vllm)")
-        pytest.skip(f"{path} not found (vLLM backend tests need make install-vllm)")
-    return path
+    """The python with vLLM (:func:`stubs.vllm_python_or_skip`)."""
+    return vllm_python_or_skip()
 
 
 def engine_env() -> dict[str, str]:
