@@ -9,7 +9,6 @@ process (one ``vllm.LLM`` after another).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import pytest
 import yaml
 from stubs import vllm_python_or_skip
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
 from engine_kit import K, MAX_TOKENS, QUESTIONS, TRAIN, make_chaotic_verifier, write_prompts  # noqa: E402
 
