@@ -132,7 +132,7 @@ def test_same_artifacts_and_identity_matching(both):
                            "takes 60-150 s on 2 shared cores, beyond the CI budget")
 def test_smollm2_gguf_equivalence(tmp_path, smollm2_tokenizer_dir):
     """The real SmolLM2-135M GGUF: the vLLM backend converts it (``gguf_to_hf_dir``, under
-    RUN/extract/vllm/verifier_hf), the transformers backend reads that same directory; aux ids
+    RUN/verifier-hf), the transformers backend reads that same directory; aux ids
     2, 15 and N = 30 (post-norm) and the final state agree per row and layer id within one bf16
     step (floor 1e-5·max|hf|); a shifted layer id does not."""
     from transformers import AutoTokenizer
@@ -149,7 +149,7 @@ def test_smollm2_gguf_equivalence(tmp_path, smollm2_tokenizer_dir):
         for k, v in engine_env().items():
             mp.setenv(k, v)
         m = run(ExtractConfig(run_dir=vllm_run, backend="vllm", verifier="smollm2", **kw))
-    converted = vllm_run / "extract" / "vllm" / "verifier_hf"
+    converted = vllm_run / "verifier-hf"
     assert (converted / "config.json").exists() and m["verifier"]["hf_dir"] == str(converted)
     hf_run = write_prepared(tmp_path / "hf", ids, masks)
     run(ExtractConfig(run_dir=hf_run, verifier=str(converted), **kw))

@@ -180,6 +180,25 @@ def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
     return out
 
 
+ENGINE_HF_DIR = "verifier-hf"  # RUN/verifier-hf: the one converted copy every engine stage serves
+
+
+def engine_hf_dir(verifier: str, run_dir: str | os.PathLike) -> Path:
+    """The verifier as an HF directory an engine can load (vLLM, SGLang): an HF directory as is,
+    a GGUF converted once into ``RUN/verifier-hf`` (:func:`gguf_to_hf_dir`, cached by the GGUF's
+    size and mtime), shared by ``extract --backend vllm`` and ``eval --engine``."""
+    import sys
+
+    directory, gguf_file = resolve_verifier(verifier)
+    if gguf_file is None:
+        return Path(directory)
+    cache = Path(run_dir) / ENGINE_HF_DIR
+    if not (cache / "gguf_source.json").exists():
+        print(f"converting the GGUF verifier to an HF directory for the engine: {cache}",
+              file=sys.stderr)
+    return gguf_to_hf_dir(Path(directory) / gguf_file, cache)
+
+
 VLLM_PYTHON_ENV = "SPECDRAFT_VLLM_PYTHON"
 REPO = Path(__file__).resolve().parents[3]  # the checkout, where `make install-vllm` builds
 

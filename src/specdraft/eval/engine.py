@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdraft.core.errors import ConfigError, SpecdraftError
-from specdraft.core.verifier import vllm_python
+from specdraft.core.verifier import engine_hf_dir, vllm_python
 
 WORKER = Path(__file__).with_name("engine_worker.py")
 #: The acceptance rule both sides apply (recorded beside the figures).
@@ -40,19 +40,6 @@ class EngineError(SpecdraftError, RuntimeError):
 
 class EngineDisagreement(SpecdraftError, RuntimeError):
     """Offline and engine τ differ by more than the tolerance (results are written first)."""
-
-
-def verifier_hf_dir(verifier: str, cache: Path) -> Path:
-    """The verifier as an HF directory an engine can serve: an HF dir as is, a GGUF converted
-    once into ``cache`` (:func:`specdraft.core.verifier.gguf_to_hf_dir`)."""
-    from specdraft.core.verifier import gguf_to_hf_dir, resolve_verifier
-
-    directory, gguf_file = resolve_verifier(verifier)
-    if gguf_file is None:
-        return Path(directory)
-    print(f"eval: converting the GGUF verifier to an HF directory for the engine: {cache}",
-          file=sys.stderr)
-    return gguf_to_hf_dir(verifier, cache)
 
 
 def vllm_job(*, verifier_dir: Path, drafter_dir: Path | None, prompts: Sequence[Sequence[int]],
@@ -203,8 +190,7 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
     :func:`check_agreement`), :class:`EngineError` or :class:`ConfigError`.
     """
     python = vllm_python(config.engine_python)
-    cache = (Path(config.run_dir) if config.run_dir else out) / "verifier-hf"
-    vdir = verifier_hf_dir(config.verifier, cache)
+    vdir = engine_hf_dir(config.verifier, config.run_dir or out)
     ddir = engine_drafter(config, out)
     dtype = "float32" if config.dtype == "auto" and config.device == "cpu" else \
         "bfloat16" if config.dtype == "auto" else config.dtype

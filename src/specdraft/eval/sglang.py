@@ -27,7 +27,8 @@ from typing import Any, Iterator, Sequence
 import httpx
 
 from specdraft.core.errors import InputError
-from specdraft.eval.engine import RULES, EngineError, _stop, engine_drafter, verifier_hf_dir
+from specdraft.core.verifier import engine_hf_dir
+from specdraft.eval.engine import RULES, EngineError, _stop, engine_drafter
 
 SGLANG_PYTHON_ENV = "SPECDRAFT_SGLANG_PYTHON"
 
@@ -128,8 +129,7 @@ def measure_sglang(config: Any, *, prompts: list[dict[str, Any]], stop_ids: Sequ
                    out: Path) -> dict[str, Any]:
     """SGLang's figures for ``config`` (an EvalConfig) on the prompts' rendered ids."""
     python = config.engine_python or os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
-    vdir = verifier_hf_dir(config.verifier,
-                           (Path(config.run_dir) if config.run_dir else out) / "verifier-hf")
+    vdir = engine_hf_dir(config.verifier, config.run_dir or out)
     ddir = engine_drafter(config, out)
     dtype = "float32" if config.dtype == "float32" else \
         "bfloat16" if config.dtype == "bfloat16" else "auto"

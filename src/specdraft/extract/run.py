@@ -350,7 +350,7 @@ def _load_model(config: ExtractConfig, verifier: Any, out: Path) -> Any:
         if config.verify:
             raise ConfigError("--verify needs --backend transformers (the vLLM backend is "
                               "checked against it by tests/extract/test_vllm_equivalence.py)")
-        return vb.load_engine_verifier(vb.verifier_hf_dir(config, out), vb.engine_dtype(config))
+        return vb.load_engine_verifier(vb.verifier_hf_dir(config), vb.engine_dtype(config))
     if verifier is not None:
         return verifier
     from specdraft.core.verifier import load_verifier
@@ -394,7 +394,7 @@ def _run(config: ExtractConfig, verifier: Any, rank: int, world: int) -> dict[st
     ds = _load_dataset(config.run_dir)
     if config.backend == "vllm":  # a GGUF verifier is converted once, by rank 0
         from specdraft.extract.vllm_backend import verifier_hf_dir
-        _on_rank0(lambda: verifier_hf_dir(config, out), rank, world)
+        _on_rank0(lambda: verifier_hf_dir(config), rank, world)
         _barrier(world)
     model = _load_model(config, verifier, out)
     ctx = _context(config, model, ds, rank, world)

@@ -131,15 +131,12 @@ def engine_dtype(config: Any) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 
-def verifier_hf_dir(config: Any, out: Path) -> Path:
+def verifier_hf_dir(config: Any) -> Path:
     """The HF directory vLLM loads: ``--verifier`` itself, or a GGUF converted once under
-    ``RUN/extract/vllm/verifier_hf`` (:func:`specdraft.core.verifier.gguf_to_hf_dir`)."""
-    from specdraft.core.verifier import gguf_to_hf_dir, resolve_verifier
+    ``RUN/verifier-hf`` (:func:`specdraft.core.verifier.engine_hf_dir`, shared with eval)."""
+    from specdraft.core.verifier import engine_hf_dir
 
-    directory, gguf_file = resolve_verifier(config.verifier)
-    if gguf_file is None:
-        return Path(directory)
-    return gguf_to_hf_dir(Path(directory) / gguf_file, out / "vllm" / "verifier_hf")
+    return engine_hf_dir(config.verifier, config.run_dir)
 
 
 def final_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
