@@ -100,3 +100,26 @@ def test_an_edited_input_file_reruns_its_stage(tmp_path, recorder):
     fourth = run(cfg, stream=io.StringIO())["actions"]
     assert fourth["eval"] == "ran"
     assert {v for k, v in fourth.items() if k != "eval"} == {SKIPPED}
+
+
+def test_an_offline_only_eval_reruns_once_vllm_is_installed(tmp_path, recorder, monkeypatch):
+    """`engine: auto` ran offline because no vLLM was found (the fake manifest has no `engine`);
+    with a python that has vLLM now (SPECDRAFT_VLLM_PYTHON), only eval reruns. An explicit
+    `engine: none` never does."""
+    import specdraft.core.verifier as verifier
+
+    monkeypatch.delenv(verifier.VLLM_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(verifier, "REPO", tmp_path / "no-checkout")   # no .venv-vllm there
+    monkeypatch.setattr(verifier.importlib.util, "find_spec", lambda name: None)
+    cfg = config(tmp_path, eval={"engine": "auto"})
+    assert set(run(cfg, stream=io.StringIO())["actions"].values()) == {"ran"}
+    assert set(run(cfg, stream=io.StringIO())["actions"].values()) == {SKIPPED}
+    fake_python = tmp_path / "python"
+    fake_python.write_text("")
+    monkeypatch.setenv(verifier.VLLM_PYTHON_ENV, str(fake_python))
+    actions = run(cfg, stream=io.StringIO())["actions"]
+    assert actions["eval"] == "ran"
+    assert {v for k, v in actions.items() if k != "eval"} == {SKIPPED}
+    offline = config(tmp_path, eval={"engine": "none"})
+    assert run(offline, stream=io.StringIO())["actions"]["eval"] == "ran"   # config changed
+    assert run(offline, stream=io.StringIO())["actions"]["eval"] == SKIPPED

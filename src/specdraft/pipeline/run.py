@@ -50,7 +50,8 @@ def stage_state(run_dir: str, spec: StageSpec, config: StageConfig,
         files_same = all(path_sha256(path) == recorded.get(name)
                          for name, path in spec.input_files(config).items())
         same = manifest.get("config_hash") == config.config_hash()
-        return "complete" if same and fresh and files_same else "stale"
+        current = same and fresh and files_same and spec.outdated(config, manifest) is None
+        return "complete" if current else "stale"
     if path.exists() and any(path.iterdir()):
         return "partial" if started.get(spec.name) == config.config_hash() else "stale"
     return "absent"

@@ -24,7 +24,9 @@ class StageSpec:
     stage runs the verifier in-process with that config; ``verifier_arg`` is what its entry's
     ``verifier=`` takes: ``"model"`` (the HF model) or ``"pair"`` (``(model, tokenizer)``);
     ``input_files(config)`` names the user files it reads, keyed as in its manifest's ``inputs``
-    (their content hashes decide, with the config hash, whether it is complete).
+    (their content hashes decide, with the config hash, whether it is complete);
+    ``outdated(config, manifest)`` gives the reason a complete stage must still rerun because of
+    what this machine now has (e.g. eval's ``engine: auto`` once vLLM is installed), else None.
     """
 
     name: str
@@ -34,6 +36,7 @@ class StageSpec:
     uses_verifier: Callable[[Any], bool]
     verifier_arg: str = "model"
     input_files: Callable[[Any], dict[str, Path]] = lambda c: {}
+    outdated: Callable[[Any, dict[str, Any]], str | None] = lambda c, m: None
 
     def load_config_cls(self) -> type:
         return _resolve(self.config_cls)
@@ -64,7 +67,22 @@ STAGES: tuple[StageSpec, ...] = (
               "specdraft.export.run:run", ("train",), lambda c: False),
     StageSpec("eval", "specdraft.eval.config:EvalConfig",
               "specdraft.eval.run:run", ("export",), lambda c: c.server is None,
-              input_files=lambda c: {"prompts": resolve_path(c.prompts)}),
+              input_files=lambda c: {"prompts": resolve_path(c.prompts)},
+              outdated=lambda c, m: _engine_now_available(c, m)),
 )
+
+
+def _engine_now_available(config: Any, manifest: dict[str, Any]) -> str | None:
+    """Eval with ``engine: auto`` ran offline only, and a python with vLLM exists now."""
+    if config.engine != "auto" or manifest.get("engine") is not None:
+        return None
+    from specdraft.core.errors import ConfigError
+    from specdraft.core.verifier import vllm_python
+
+    try:
+        vllm_python(config.engine_python)
+    except ConfigError:
+        return None
+    return "engine auto: vLLM is installed now and the last eval ran offline only"
 
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
