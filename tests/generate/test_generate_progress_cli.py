@@ -60,7 +60,7 @@ def test_cli_generate_with_config_file_and_refusal(tmp_path):
                 "question=question", "--chat-template-kwargs", '{"enable_thinking": false}']
         res = CliRunner().invoke(_app(), args)
         assert res.exit_code == 0, res.output
-        assert "generate: 2 samples, rejected none" in res.output
+        assert "generate: 2 samples, rejected: none" in res.output
         again = CliRunner().invoke(_app(), args)
     assert "--resume" in str(again.exception)
     rec = json.loads((tmp_path / "run/generate/samples.jsonl").read_text().splitlines()[0])

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import typer
-
-from specdraft.cli.options import stage_command
+from specdraft.cli.options import echo_figures, stage_command
 from specdraft.export.config import ExportConfig
 
 
 def _echo(m: dict[str, Any], cfg: ExportConfig) -> None:
-    typer.echo(f"export: {m['format']} -> {m['out']} ({m['counts']['tensors']} tensors, aux ids "
-               f"{m['engine_aux_ids']}, embed_tokens: {m['embed_tokens']})")
+    echo_figures(m, "export")
 
 
 command = stage_command(

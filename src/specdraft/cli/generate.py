@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from specdraft.cli.options import stage_command
+from specdraft.cli.options import echo_figures, stage_command
 from specdraft.core.errors import ConfigError
 from specdraft.generate.config import GenerateConfig
 
@@ -37,9 +37,7 @@ def _run(cfg: GenerateConfig) -> dict[str, Any]:
 
 
 def _echo(manifest: dict[str, Any], cfg: GenerateConfig) -> None:
-    c = manifest["counts"]
-    typer.echo(f"generate: {c['samples']} samples, rejected {c['rejected'] or 'none'} -> "
-               f"{Path(cfg.run_dir) / 'generate'}")
+    echo_figures(manifest, "generate", Path(cfg.run_dir) / "generate")
 
 
 command = stage_command(

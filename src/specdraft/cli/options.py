@@ -220,6 +220,16 @@ def _resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), attr)
 
 
+def echo_figures(manifest: dict[str, Any], verb: str, where: Any = None) -> None:
+    """Print ``VERB: FIGURES`` — the typed manifest's :meth:`figures` line, the same one
+    ``specdraft run`` and its summary print — then ``VERB: -> WHERE`` when given."""
+    from specdraft.core.manifest import parse_manifest
+
+    typer.echo(f"{verb}: {parse_manifest(manifest, verb).figures()}")
+    if where is not None:
+        typer.echo(f"{verb}: -> {where}")
+
+
 def stage_command(cls: type[StageConfig], *, verb: str, help: str,
                   run: str | Callable[[Any], Any], echo: Callable[[Any, Any], None],
                   arguments: tuple[str, ...] = (),

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from specdraft.cli.options import stage_command
+from specdraft.cli.options import echo_figures, stage_command
 from specdraft.prepare.config import PrepareConfig
 
 
@@ -16,7 +16,7 @@ def _echo(manifest: dict[str, Any], cfg: PrepareConfig) -> None:
     from specdraft.prepare.stats import format_summary
 
     typer.echo(format_summary(manifest["summary"]))
-    typer.echo(f"prepare: {manifest['counts']['out']} rows -> {Path(cfg.run_dir) / 'prepare'}")
+    echo_figures(manifest, "prepare", Path(cfg.run_dir) / "prepare")
 
 
 command = stage_command(

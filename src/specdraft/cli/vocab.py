@@ -7,16 +7,13 @@ from typing import Any
 
 import typer
 
-from specdraft.cli.options import stage_command
+from specdraft.cli.options import echo_figures, stage_command
 from specdraft.vocab.config import VocabConfig
 
 
 def _echo(manifest: dict[str, Any], cfg: VocabConfig) -> None:
-    report = manifest["vocab"]
-    typer.echo(f"vocab: K={report['draft_vocab_size']} of V={report['verifier_vocab_size']}; "
-               f"coverage {100 * report['coverage']:.2f}% of {report['supervised_tokens']} "
-               f"supervised tokens ({report['distinct_supervised']} distinct)")
-    for t in report["top_left_out"][:10]:
+    echo_figures(manifest, "vocab")
+    for t in manifest["vocab"]["top_left_out"][:10]:
         typer.echo(f"  left out: id {t['id']} {t['token'] or ''!r} x{t['count']}")
     typer.echo(f"vocab: -> {Path(cfg.run_dir) / 'vocab' / 'vocab_map.safetensors'}")
 

@@ -253,12 +253,15 @@ class ExtractManifest(Manifest):
     vocab_size: int
     storage: StorageFacts
     verifier: dict[str, Any] = {}
+    verify: dict[str, Any] | None = None
 
     def figures(self) -> str:
-        c, s = self.counts, self.storage
+        c, s, v = self.counts, self.storage, self.verify
         return (f"{c.get('rows_out', 0)} rows, {c.get('tokens', 0)} tokens, "
                 f"{s.bytes_total / 2**20:.1f} MiB {s.format} "
-                f"({s.bytes_per_token:.0f} B/token), aux ids {self.aux_layer_ids}")
+                f"({s.bytes_per_token:.0f} B/token), aux ids {self.aux_layer_ids}"
+                + (f", verify {'ok' if v.get('ok') else 'FAILED'} (max err/bound "
+                   f"{v.get('max_err_over_bound', 0):.3g})" if v else ""))
 
 
 class TrainManifest(Manifest):
