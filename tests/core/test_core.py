@@ -96,3 +96,17 @@ def test_config_error_names_flag():
         _Cfg.build({"run_dir": "r", "max_tokens": "many"})
     with pytest.raises(ConfigError, match=r"--bogus"):
         _Cfg.build({"run_dir": "r", "bogus": 1})
+
+
+def test_generate_figures_count_every_sample_after_a_resume():
+    """A resumed generate reports all samples on disk and, apart, those made by this run."""
+    from specdraft.core.manifest import parse_manifest
+
+    base = {"stage": "generate", "config": {}, "config_hash": "h", "started_at": "t0",
+            "finished_at": "t1", "elapsed_s": 1.0}
+    resumed = parse_manifest({**base, "counts": {"samples": 240, "already_done": 1},
+                              "summary": {"generated": 239, "rejected": {}}}, "m.json")
+    assert resumed.figures().startswith("240 samples (239 this run), rejected: none")
+    fresh = parse_manifest({**base, "counts": {"samples": 240},
+                            "summary": {"generated": 240, "rejected": {"empty": 2}}}, "m.json")
+    assert fresh.figures().startswith("240 samples, rejected: empty 2")

@@ -188,8 +188,10 @@ class GenerateManifest(Manifest):
     summary: dict[str, Any] = {}
 
     def figures(self) -> str:
-        s = self.summary
-        return (f"{s.get('generated', 0)} samples, rejected: {_rejects(s.get('rejected'))}, "
+        s, c = self.summary, self.counts
+        total, now = c.get("samples", s.get("generated", 0)), s.get("generated", 0)
+        return (f"{total} samples{f' ({now} this run)' if now != total else ''}, "
+                f"rejected: {_rejects(s.get('rejected'))}, "
                 f"errors {s.get('errors', 0)}, with reasoning {s.get('with_reasoning', 0)}, "
                 f"{s.get('completion_tokens', 0)} completion tokens "
                 f"(mean {s.get('completion_tokens_mean', 0):.0f})")
