@@ -37,8 +37,11 @@ class Recorder(nn.Module):
         return hidden
 
     def logits(self, hidden):
-        ids = self.seen[-1][0]  # predict draft id = the fed token id (mod K) + 1
-        return torch.nn.functional.one_hot((ids + 1) % self.K, self.K).float() * 10 + 0 * hidden
+        # hidden [..., 1] carries the column t (feature 100 + t); step k fed x_{t+1+k} = t+1+k:
+        # predict draft id = the fed token id (mod K) + 1
+        k, t = len(self.seen) - 1, (hidden[..., 0].detach() - 100).round().long()
+        return torch.nn.functional.one_hot((t + 2 + k) % self.K, self.K).float() * 10 \
+            + 0 * hidden[..., :1]
 
 
 def hand_batch(loss_mask, K=10):
