@@ -120,3 +120,54 @@ def test_speculators_reads_converted_row_as_our_teacher(tmp_path):
     assert cols.tolist() == (SUP - 1).tolist()
     assert torch.allclose(seen["target_probs"][cols], ours.target_probs[0, cols + 1],
                           rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_speculators_trains_on_converted_rows_and_specdraft_reads_its_checkpoint(tmp_path):
+    """peer_speculators.py runs speculators' own trainer on CPU (2 steps) over converted rows;
+    its checkpoint loads through specdraft's export reader with our vocab map, our aux ids,
+    the verifier's rotary base and its embedding (stored in bf16 by its checkpointer)."""
+    from transformers import LlamaConfig
+
+    from bench_train_peer import child_env, peer_args
+    from peer_quality import eval_ready
+    from specdraft.export.reader import build_model, read_drafter
+
+    py = peer_python_or_skip()
+    Hs, V, K, T = 64, 128, 32, 24
+    g = torch.Generator().manual_seed(4)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=Hs, intermediate_size=128, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=256, rope_theta=5000.0, tie_word_embeddings=False)
+    embed, lm_head, gain = torch.randn(V, Hs, generator=g), torch.randn(V, Hs, generator=g), \
+        0.5 + torch.rand(Hs, generator=g)
+    draft = torch.randperm(V, generator=g)[:K].sort().values
+    d2t, t2d = draft - torch.arange(K), torch.zeros(V, dtype=torch.bool)
+    t2d[draft] = True
+    mask = torch.zeros(T, dtype=torch.uint8)
+    mask[8:] = 1
+    pos = torch.nonzero(mask[1:] == 1).flatten()
+    rows = [Row(f"r{i}/0", torch.randint(0, V, (T,), generator=g), mask,
+                torch.randn(T, 3 * Hs, generator=g), torch.randn(len(pos), Hs, generator=g), pos)
+            for i in range(6)]
+    data = tmp_path / "data"
+    peer_data.write_offline(data, [(r.input_ids, peer_data.peer_loss_mask(r.loss_mask),
+                                    peer_data.peer_hidden(r, gain)) for r in rows])
+    peer_data.write_vocab(data, d2t, t2d)
+    vdir = peer_data.write_verifier_dir(tmp_path / "verifier", cfg, embed, lm_head, gain)
+    save = tmp_path / "save"
+    cmd = [str(py), str(REPO / "benchmarks" / "peer_speculators.py"), "--threads", "1", "--",
+           *peer_args(vdir, data, save, aux=[1, 3, 4], draft_vocab=K, seq=2 * T, ttt=2,
+                      epochs=1, lr=1e-3, max_steps=2), "--train-data-ratio", "0.7"]
+    done = subprocess.run(cmd, env=child_env(1, None), capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    d = read_drafter(eval_ready(save / "0", tmp_path / "drafter"))
+    assert d.format == "speculators"
+    assert d.config.aux_layer_ids == (1, 3, 4) and d.config.rope_theta == 5000.0
+    assert (d.config.hidden_size, d.config.draft_vocab_size, d.config.vocab_size) == (Hs, K, V)
+    assert d.config.norm_before_residual is False
+    assert torch.equal(d.state["d2t"].long(), d2t) and torch.equal(d.state["t2d"].bool(), t2d)
+    assert torch.equal(d.state["embed_tokens.weight"], embed.to(torch.bfloat16))
+    model = build_model(d)
+    assert model.lm_head.weight.shape == (K, Hs)
