@@ -6,7 +6,12 @@ Then offline eval, greedy, k = 4, on the first 100 GSM8K test questions and on t
 first turns. Prints tau and per-position acceptance for both sets, the time of each stage and
 the disk used by each stage. Floor: tau >= 1.5 on GSM8K test.
 
-    python benchmarks/bench_quality.py --run-dir runs/bench-quality
+    python benchmarks/bench_quality.py --run-dir runs/bench-quality [--peer]
+    python benchmarks/bench_quality.py --run-dir runs/bq-200 --n-train 200 --epochs 1 \
+        --eval-limit 30 --mt-limit 30 --peer          # the reduced size (README "Quality")
+
+``--peer`` then trains vllm-project/speculators 0.9.0's drafter on the same rows and hidden
+states (``benchmarks/peer_quality.py``) and evals it the same way.
 
 Rerunning with the same --run-dir skips complete stages (``specdraft run`` rules).
 """
@@ -23,11 +28,16 @@ import yaml
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 FLOOR_TAU_GSM8K = 1.5
+GSM8K_TEST = SHARED / "gsm8k" / "test.jsonl"
+MT_BENCH = SHARED / "mt_bench" / "question.jsonl"
 
 
-def pipeline_yaml(run_dir: Path, n_train: int, epochs: int) -> dict:
-    """The pipeline config of the benchmark (same fields as configs/demo-smollm2.yaml)."""
-    return {
+def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 100,
+                  chats: Path | None = None) -> dict:
+    """The pipeline config of the benchmark (same fields as configs/demo-smollm2.yaml);
+    ``chats``: conversations for ``prepare --data`` instead of generating (e.g. the
+    ``samples.jsonl`` of an earlier generate)."""
+    cfg = {
         "run_dir": str(run_dir), "verifier": "smollm2", "device": "cpu",
         "generate": {"prompts": str(SHARED / "gsm8k" / "train.jsonl"), "limit": n_train,
                      "backend": "local", "batch_size": 32, "max_tokens": 128,
@@ -39,9 +49,12 @@ def pipeline_yaml(run_dir: Path, n_train: int, epochs: int) -> dict:
                   "batch_tokens": 2048, "val_fraction": 0.05, "eval_every": 50,
                   "save_every": 50},
         "export": {"format": "sglang"},
-        "eval": {"prompts": str(SHARED / "gsm8k" / "test.jsonl"), "limit": 100, "k": 4,
+        "eval": {"prompts": str(SHARED / "gsm8k" / "test.jsonl"), "limit": eval_limit, "k": 4,
                  "temperature": 0.0, "max_new_tokens": 96},
     }
+    if chats is not None:
+        cfg["prepare"]["data"] = str(chats)
+    return cfg
 
 
 def du_mib(path: Path) -> float:
@@ -49,18 +62,23 @@ def du_mib(path: Path) -> float:
     return int(out.stdout.split()[0]) / 2**20 if out.returncode == 0 else 0.0
 
 
-def eval_mtbench(run_dir: Path, drafter: Path, verifier) -> dict:
-    """Offline eval on the MT-bench first turns, written to RUN/eval-mtbench/."""
+def eval_offline(out: Path, drafter: Path, verifier, prompts: Path, limit: int | None) -> dict:
+    """Offline eval (greedy, k = 4, <= 96 new tokens) of ``drafter`` on the first ``limit``
+    prompts, written to ``out`` (reused when its manifest exists)."""
     from specdraft.eval.config import EvalConfig
     from specdraft.eval.run import run as eval_run
 
-    out = run_dir / "eval-mtbench"
     done = out / "manifest.json"
     if done.exists():
         return json.loads(done.read_text())
-    cfg = EvalConfig(drafter=drafter, out=out, prompts=SHARED / "mt_bench" / "question.jsonl",
+    cfg = EvalConfig(drafter=drafter, out=out, prompts=prompts, limit=limit,
                      k=4, temperature=0.0, max_new_tokens=96, overwrite=True)
     return eval_run(cfg, verifier=verifier)
+
+
+def eval_mtbench(run_dir: Path, drafter: Path, verifier, limit: int | None = None) -> dict:
+    """Offline eval on the MT-bench first turns, written to RUN/eval-mtbench/."""
+    return eval_offline(run_dir / "eval-mtbench", drafter, verifier, MT_BENCH, limit)
 
 
 def main() -> None:
@@ -68,6 +86,13 @@ def main() -> None:
     ap.add_argument("--run-dir", type=Path, default=Path("runs/bench-quality"))
     ap.add_argument("--n-train", type=int, default=1000)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--eval-limit", type=int, default=100, help="GSM8K test prompts")
+    ap.add_argument("--mt-limit", type=int, default=None, help="MT-bench prompts (all 80)")
+    ap.add_argument("--chats", type=Path, default=None, help="train on these conversations "
+                    "(prepare --data; e.g. an earlier run's generate/samples.jsonl) instead of "
+                    "generating: the pipeline starts at prepare")
+    ap.add_argument("--peer", action="store_true", help="also train speculators 0.9.0 on the "
+                    "same rows and hidden states and eval its drafter the same way")
     args = ap.parse_args()
 
     from specdraft.pipeline.config import PipelineConfig
@@ -75,22 +100,28 @@ def main() -> None:
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = args.run_dir / "bench-quality.yaml"
-    cfg_path.write_text(yaml.safe_dump(pipeline_yaml(args.run_dir, args.n_train, args.epochs)))
+    cfg_path.write_text(yaml.safe_dump(pipeline_yaml(args.run_dir, args.n_train, args.epochs,
+                                                     args.eval_limit, args.chats)))
     config = PipelineConfig.from_yaml(cfg_path)
     t0 = time.monotonic()
-    manifest = run(config)
+    manifest = run(config, from_stage="prepare" if args.chats else None)
     t_mt = time.monotonic()
     verifier = SharedVerifier(config.verifier, config.device).get()[0]
-    mt = eval_mtbench(args.run_dir, Path(config.stages["eval"].drafter), verifier)
+    mt = eval_mtbench(args.run_dir, Path(config.stages["eval"].drafter), verifier, args.mt_limit)
     t_end = time.monotonic()
     report(args, manifest, mt, pipeline_s=t_mt - t0, mtbench_s=t_end - t_mt)
+    if args.peer:
+        from peer_quality import run_peer
+
+        run_peer(args, config, verifier)
 
 
 def report(args, manifest: dict, mt: dict, *, pipeline_s: float, mtbench_s: float) -> None:
     gsm = json.loads((args.run_dir / "eval" / "manifest.json").read_text())
-    rows = {"gsm8k_test_100": gsm, "mt_bench_turn1_80": mt}
-    print(f"\nbench_quality: {args.n_train} GSM8K train prompts, {args.epochs} epochs, "
-          f"k = 4, greedy")
+    rows = {f"gsm8k_test_{args.eval_limit}": gsm, f"mt_bench_turn1_{args.mt_limit or 80}": mt}
+    data = f"conversations of {args.chats}" if args.chats else \
+        f"{args.n_train} GSM8K train prompts answered by the verifier"
+    print(f"\nbench_quality: {data}, {args.epochs} epochs, k = 4, greedy")
     for name, m in rows.items():
         pos = ", ".join(f"{p:.3f}" for p in m["per_position"])
         print(f"  {name:<18} tau {m['tau']:.3f}   per-position [{pos}]")

@@ -3,7 +3,10 @@ path (H=576, 9 heads / 3 kv heads, head_dim 64, intermediate 1536, draft vocab 3
 V=49152, one row of 2048 tokens, TTT 7, AdamW step included). On CUDA also the model FLOP
 utilisation (matmul FLOPs of forward+backward / time / --peak-tflops).
 
-    python benchmarks/bench_train.py [--device cpu|cuda] [--steps 3] [--seq 2048]
+    python benchmarks/bench_train.py [--device cpu|cuda] [--steps 3] [--seq 2048] [--profile]
+
+``--profile``: one more step under ``torch.profiler``; prints the operators by self CPU time
+(where the step's time goes: the draft-vocab head's matmuls, the softmax/loss, attention).
 """
 
 from __future__ import annotations
@@ -27,12 +30,16 @@ def smollm2_drafter(attn: str) -> Eagle3DraftModel:
     return Eagle3DraftModel(c)
 
 
-def batch(T: int, K: int, device: str) -> TrainBatch:
+def batch(T: int, K: int, device: str, sup_from: float = 0.0) -> TrainBatch:
+    """One random row; positions before ``sup_from * T`` are unsupervised (a prompt)."""
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(1, T, K, generator=g) * 3, -1)
+    sup = torch.ones(1, T, dtype=torch.bool)
+    sup[:, :int(sup_from * T)] = False
+    label = torch.where(sup, torch.randint(0, K, (1, T), generator=g), -1)
     return TrainBatch(torch.randint(0, 49152, (1, T), generator=g),
-                      torch.randn(1, T, 3 * 576, generator=g), torch.ones(1, T, dtype=torch.bool),
-                      probs, torch.randint(0, K, (1, T), generator=g), T).to(device)
+                      torch.randn(1, T, 3 * 576, generator=g), sup, probs * sup[..., None],
+                      label, T).to(device)
 
 
 def flops_per_token(c: Eagle3Config, steps: int, T: int) -> float:
@@ -45,13 +52,34 @@ def flops_per_token(c: Eagle3Config, steps: int, T: int) -> float:
     return 3 * 2 * (3 * H * H + steps * (layer + attn))
 
 
-def bench(attn: str, device: str, steps: int, T: int, ttt: int) -> dict:
+def one_step(obj: TTTObjective, opt: torch.optim.Optimizer, b: TrainBatch, norm: torch.Tensor,
+             ctx) -> None:
+    """Forward, backward, clip 0.5, AdamW step."""
+    with ctx:
+        out = obj(b, norm)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(obj.parameters(), 0.5)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def profile_step(step, rows: int = 15) -> str:
+    """``torch.profiler`` table of one call of ``step``: operators by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+def bench(attn: str, device: str, steps: int, T: int, ttt: int, profile: bool = False,
+          sup_from: float = 0.0) -> dict:
     torch.manual_seed(0)
     model = smollm2_drafter(attn).to(device)
     obj = TTTObjective(model, steps=ttt)
     opt = torch.optim.AdamW([p for p in obj.parameters() if p.requires_grad], lr=1e-4,
                             betas=(0.9, 0.95))
-    b = batch(T, model.config.draft_vocab_size, device)
+    b = batch(T, model.config.draft_vocab_size, device, sup_from)
     norm = obj.loss_counts(b)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else \
         torch.autocast("cpu", enabled=False)
@@ -60,15 +88,12 @@ def bench(attn: str, device: str, steps: int, T: int, ttt: int) -> dict:
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with ctx:
-            out = obj(b, norm)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(obj.parameters(), 0.5)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        one_step(obj, opt, b, norm, ctx)
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+    if profile:
+        print(profile_step(lambda: one_step(obj, opt, b, norm, ctx)), flush=True)
     dt = sum(times[1:]) / steps
     r = {"attn": attn, "device": device, "seq": T, "ttt": ttt, "s_per_step": round(dt, 3),
          "tokens_per_s": round(T / dt, 1)}
@@ -88,9 +113,12 @@ def main() -> None:
     ap.add_argument("--ttt", type=int, default=7)
     ap.add_argument("--attn", default="split,dense")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak (H100/H200)")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sup-from", type=float, default=0.0,
+                    help="fraction of each row before the first supervised position")
     a = ap.parse_args()
     for attn in a.attn.split(","):
-        r = bench(attn, a.device, a.steps, a.seq, a.ttt)
+        r = bench(attn, a.device, a.steps, a.seq, a.ttt, a.profile, a.sup_from)
         if "tflops" in r:
             r["mfu"] = round(r["tflops"] / a.peak_tflops, 3)
         print(json.dumps(r), flush=True)

@@ -1,5 +1,6 @@
 """TTT mask, alignment, padding invariance, out-of-vocab policy, soft/hard loss values."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -37,8 +38,11 @@ class Recorder(nn.Module):
         return hidden
 
     def logits(self, hidden):
-        ids = self.seen[-1][0]  # predict draft id = the fed token id (mod K) + 1
-        return torch.nn.functional.one_hot((ids + 1) % self.K, self.K).float() * 10 + 0 * hidden
+        # hidden [..., 1] carries the column t (feature 100 + t); step k fed x_{t+1+k} = t+1+k:
+        # predict draft id = the fed token id (mod K) + 1
+        k, t = len(self.seen) - 1, (hidden[..., 0].detach() - 100).round().long()
+        return torch.nn.functional.one_hot((t + 2 + k) % self.K, self.K).float() * 10 \
+            + 0 * hidden[..., :1]
 
 
 def hand_batch(loss_mask, K=10):
@@ -143,3 +147,44 @@ def test_soft_and_hard_loss_values_by_hand():
     hard = TTTObjective(nn.Identity(), steps=1, loss="hard")
     torch.testing.assert_close(hard.step_loss(logits, probs, torch.tensor([[1]]))[0, 0],
                                -logq[0, 0, 1])
+
+
+def dense_reference(obj, batch, norm):
+    """The loss and hits with the head run on EVERY column and masked afterwards (what the
+    objective computed before it gathered the supervised columns)."""
+    from specdraft.train.objective import shift
+
+    m, (B, T) = obj.drafter, batch.input_ids.shape
+    L = T - 1
+    cols = torch.arange(L).expand(B, L)
+    hidden, history, loss, hits = m.fuse_aux(batch.aux_hidden[:, :L]), [], 0.0, []
+    for k in range(obj.steps):
+        hidden = m.ttt_step(shift(batch.input_ids, k, L), hidden, cols + k, history)
+        logits = m.logits(hidden)  # [B, L, K]
+        sup, label = shift(batch.sup, k, L, False), shift(batch.label, k, L, -1)
+        logq = torch.log_softmax(logits, -1)
+        per_col = -(shift(batch.target_probs, k, L) * logq).sum(-1)
+        loss = loss + obj.weights[k] / norm[k] * (per_col * obj.loss_mask(sup, label)).sum()
+        hits.append((logits.argmax(-1) == label) & sup)
+    return loss, torch.stack(hits)
+
+
+@pytest.mark.parametrize("oov_policy", ["mask", "keep"])
+def test_supervised_columns_only_equal_the_dense_masked_loss(oov_policy):
+    """Padding, prompt and OOV columns: the gathered head gives the dense reference's loss,
+    gradients and hits (float rounding only)."""
+    g = torch.Generator().manual_seed(3)
+    col = collator()
+    batch = col([random_row("a/0", 11, 4, g), random_row("b/0", 7, 2, g)])
+    assert (batch.label[batch.sup] < 0).any()  # an OOV label is present
+    obj = TTTObjective(tiny_drafter(), steps=3, oov_policy=oov_policy)
+    norm = obj.loss_counts(batch)
+    out = obj(batch, norm)
+    grads = torch.autograd.grad(out.loss, [obj.drafter.lm_head.weight, obj.drafter.fc.weight])
+    ref_loss, ref_hits = dense_reference(obj, batch, norm)
+    ref_grads = torch.autograd.grad(ref_loss, [obj.drafter.lm_head.weight,
+                                               obj.drafter.fc.weight])
+    torch.testing.assert_close(out.loss, ref_loss, rtol=1e-6, atol=1e-7)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert torch.equal(out.hits, ref_hits)

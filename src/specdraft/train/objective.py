@@ -138,19 +138,27 @@ class TTTObjective(nn.Module):
 
     def step_loss(self, logits: torch.Tensor, probs: torch.Tensor, label: torch.Tensor
                   ) -> torch.Tensor:
-        """Per-column loss [B, L] of one step; logits [B, L, K], probs [B, L, K], label [B, L]."""
-        logq = F.log_softmax(logits.float(), dim=-1)  # [B, L, K]
+        """Per-column loss ``[...]`` of one step; logits ``[..., K]``, probs ``[..., K]``,
+        label ``[...]`` (any leading shape: ``[B, L]`` or the ``[N]`` supervised columns)."""
+        logq = F.log_softmax(logits.float(), dim=-1)  # [..., K]
         if self.loss_kind == "hard":
             return -logq.gather(-1, label.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         return -(probs * logq).sum(-1)
 
     def loss_mask(self, sup: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        """[B, L] bool: the columns that enter the loss under the out-of-vocab policy."""
+        """Bool, ``sup``'s shape: the columns that enter the loss under the out-of-vocab policy."""
         return sup & (label >= 0) if self.oov_policy == "mask" else sup
 
     def forward(self, batch: TrainBatch, norm: torch.Tensor) -> StepOutput:
         """Unroll ``steps`` TTT steps over ``batch``; ``norm`` [S] float = loss positions of
-        each step in the global batch (divided by the world size under DDP gradient averaging)."""
+        each step in the global batch (divided by the world size under DDP gradient averaging).
+
+        The draft-vocab head (the largest matmul, ``[., H] x [H, K]``) and the loss run only on
+        the supervised columns of each step, gathered: the other columns' logits are neither in
+        the loss nor in the hit counts, and the next step is fed the prenorm state of every
+        column, not the logits. Equal to computing them everywhere and masking (the same
+        per-column values; sums in another order, so equal up to float rounding).
+        """
         m = self.drafter
         B, T = batch.input_ids.shape
         L = T - 1
@@ -162,15 +170,19 @@ class TTTObjective(nn.Module):
         for k in range(self.steps):
             ids = shift(batch.input_ids, k, L)  # [B, L] token x_{t+1+k}
             hidden = m.ttt_step(ids, hidden, cols + k, history)  # [B, L, H]
-            logits = m.logits(hidden)  # [B, L, K]
-            sup, label = shift(batch.sup, k, L, False), shift(batch.label, k, L, -1)
-            mask = self.loss_mask(sup, label)
-            per_col = self.step_loss(logits, shift(batch.target_probs, k, L), label)  # [B, L]
+            sup = shift(batch.sup, k, L, False)  # [B, L]
+            b, t = sup.nonzero(as_tuple=True)  # [N] supervised columns; position p = t+1+k
+            logits = m.logits(hidden[b, t])  # [N, K]
+            label = batch.label[b, t + 1 + k]  # [N]
+            mask = self.loss_mask(torch.ones_like(label, dtype=torch.bool), label)  # [N]
+            per_col = self.step_loss(logits, batch.target_probs[b, t + 1 + k], label)  # [N]
             step_sum = (per_col * mask).sum()
             scale = self.weights[k] / norm[k] if norm[k] > 0 else 0.0  # no loss positions: 0
             loss = loss + scale * step_sum
             loss_sum.append(step_sum.detach())
-            hits.append((logits.detach().argmax(-1) == label) & sup)
+            hit = torch.zeros_like(sup)
+            hit[b, t] = logits.detach().argmax(-1) == label
+            hits.append(hit)
             sups.append(sup)
         return StepOutput(loss, torch.stack(loss_sum), torch.stack(hits), torch.stack(sups))
 
