@@ -87,8 +87,8 @@ def main() -> None:
         print(f"drafter at the Kimi-K2.5 shape, draft vocab {K}: " + ", ".join(
             f"{k} {v / 1e9:.3f}B" for k, v in p.items()) + f"; trainable {trainable / 1e9:.3f}B")
     K, H = args.draft_vocab, args.hidden
-    print(f"teacher verifier_targets, V {V_KIMI}, K {K}, H {H} (head {V_KIMI * H * 4 / MB:.0f} MB "
-          f"allocated before), chunk 1024:")
+    print(f"teacher verifier_targets, V {V_KIMI}, K {K}, H {H} "
+          f"(head {V_KIMI * H * 4 / MB:.0f} MB allocated before), chunk 1024:")
     for N in map(int, args.rows.split(",")):
         c = min(N, 1024)
         predicted = c * V_KIMI * 4 + 2 * c * K * 4 + N * K * 4

@@ -128,7 +128,7 @@ class BatchVerifier:
         valid = torch.ones(1, new[0].shape[2], dtype=torch.bool)
         if self.slots.valid.shape[0] == 0:
             self.slots.valid = valid
-            _set_layer_tensors(self.cache, new, like=session.cache)
+            _set_layer_tensors(self.cache, new)
         else:
             _set_layer_tensors(self.cache, self.slots.join(_layer_tensors(self.cache), new, valid))
 
@@ -177,11 +177,10 @@ def _layer_tensors(cache: Any) -> list[torch.Tensor]:
     return out
 
 
-def _set_layer_tensors(cache: Any, tensors: list[torch.Tensor], like: Any = None) -> None:
-    """Write ``[keys_0, values_0, ...]`` back into ``cache`` (its layers initialised as those
-    of ``like`` when given)."""
+def _set_layer_tensors(cache: Any, tensors: list[torch.Tensor]) -> None:
+    """Write ``[keys_0, values_0, ...]`` back into ``cache`` (initialising empty layers)."""
     for i, layer in enumerate(cache.layers):
-        if like is not None and not layer.is_initialized:
+        if not layer.is_initialized:
             layer.lazy_initialization(tensors[2 * i], tensors[2 * i + 1])
         layer.keys, layer.values = tensors[2 * i], tensors[2 * i + 1]
 
@@ -362,7 +361,8 @@ def _step(verifier: BatchVerifier, drafter: BatchDrafter, rows: list[_Row],
     last = torch.tensor([[r.gen.tokens[-1]] for r in rows], dtype=torch.long)
     logits, aux = verifier.forward(torch.cat([last, drafts], 1))  # [B, k+1, V], [B, k+1, A]
     B = len(rows)
-    keep, feed, counts = [], torch.zeros(B, k + 1, dtype=torch.long), torch.zeros(B, dtype=torch.long)
+    keep, feed = [], torch.zeros(B, k + 1, dtype=torch.long)
+    counts = torch.zeros(B, dtype=torch.long)
     for b, r in enumerate(rows):
         n, vt = verify_step(logits[b], drafts[b], None if q is None else q[b], temperature,
                             r.generator)

@@ -1,8 +1,10 @@
 """``specdraft eval``: τ, acceptance rate and per-position acceptance of a drafter.
 
 Offline (default): each prompt is rendered with the verifier's chat template and decoded with
-:func:`specdraft.eval.specdec.generate` (both models KV-cached). With ``--server URL`` the
-prompts go to a running engine and its own counters are read (:mod:`specdraft.eval.server`).
+:func:`specdraft.eval.specdec.generate` (both models KV-cached), or ``--batch-size`` prompts
+at a time with :func:`specdraft.eval.batch.generate_batch` (same tokens and counts). With
+``--server URL`` the prompts go to a running engine and its own counters are read
+(:mod:`specdraft.eval.server`).
 With ``--engine vllm|sglang|auto`` a real engine is also started on the same prompt token ids
 (:mod:`specdraft.eval.engine`, :mod:`specdraft.eval.sglang`) and its figures are written beside
 the offline ones; at temperature 0 a vLLM gap beyond ``--engine-tolerance`` fails the eval
