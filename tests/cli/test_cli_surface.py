@@ -49,6 +49,8 @@ OTHER_PROGRAMS = {
     "--samples": "benchmarks/bench_extract.py (README)",
     "--reps": "benchmarks/bench_extract.py (README)",
     "--hf-dir": "benchmarks/bench_extract.py (README)",
+    "--batch-sizes": "benchmarks/bench_eval.py (README)",
+    "--threads": "benchmarks/bench_eval.py (README)",
     "--host": "sglang.launch_server / vllm's api_server (eval/sglang.py, tests)",
     "--port": "sglang.launch_server / vllm's api_server (eval/sglang.py, tests)",
     "--fc": "not a flag: the `--fc-->` arrow of the diagram in models/eagle3.py",

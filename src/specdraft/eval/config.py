@@ -34,6 +34,9 @@ class EvalConfig(StageConfig):
                                                         "sampling.")
     max_new_tokens: int = Field(128, ge=1, description="New tokens per prompt.")
     limit: int | None = Field(None, ge=1, description="Use the first N prompts only.")
+    batch_size: int = Field(1, ge=1, description="Prompts decoded together offline (one "
+                                                 "verifier forward per step for all); same "
+                                                 "tokens and counts as 1.")
     seed: int = Field(0, description="Sampling seed.")
     device: str = Field("cpu", description="cpu, cuda or cuda:N.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Dtype of both "

@@ -1,8 +1,10 @@
 """``specdraft eval``: τ, acceptance rate and per-position acceptance of a drafter.
 
 Offline (default): each prompt is rendered with the verifier's chat template and decoded with
-:func:`specdraft.eval.specdec.generate` (both models KV-cached). With ``--server URL`` the
-prompts go to a running engine and its own counters are read (:mod:`specdraft.eval.server`).
+:func:`specdraft.eval.specdec.generate` (both models KV-cached), or ``--batch-size`` prompts
+at a time with :func:`specdraft.eval.batch.generate_batch` (same tokens and counts). With
+``--server URL`` the prompts go to a running engine and its own counters are read
+(:mod:`specdraft.eval.server`).
 With ``--engine vllm|sglang|auto`` a real engine is also started on the same prompt token ids
 (:mod:`specdraft.eval.engine`, :mod:`specdraft.eval.sglang`) and its figures are written beside
 the offline ones; at temperature 0 a vLLM gap beyond ``--engine-tolerance`` fails the eval
@@ -13,6 +15,7 @@ Writes ``results.json`` and ``acceptance.png`` to ``RUN/eval/`` (or ``--out``), 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,25 +67,42 @@ def offline_eval(config: EvalConfig, verifier: Any, prompts: list[dict[str, Any]
                  eos: list[int]) -> dict[str, Any]:
     """Speculative decoding over ``prompts`` (each with its rendered ``prompt_ids``), stopping
     at ``eos`` ids; aggregate and per-prompt figures (with the committed token ids)."""
-    from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
-
     model = load_drafter_model(config, verifier)
-    gen = torch.Generator().manual_seed(config.seed)
-    stats, rows, tokens, seconds = AcceptanceStats(), [], 0, 0.0
-    for p in prompts:
-        g = generate(VerifierSession(verifier, model.config.aux_layer_ids), EagleDrafter(model),
-                     p["prompt_ids"], k=config.k,
-                     max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                     eos_ids=eos, generator=gen)
+    t0 = time.perf_counter()
+    gens = decode(config, verifier, model, [p["prompt_ids"] for p in prompts], eos)
+    seconds = time.perf_counter() - t0
+    stats, rows, tokens = AcceptanceStats(), [], 0
+    for p, g in zip(prompts, gens):
         stats.extend(g.stats)
         tokens += len(g.tokens)
-        seconds += g.seconds
         rows.append({"id": p["id"], **g.summary(), "tokens": list(g.tokens)})
         print(f"eval: {p['id']}: tau {g.stats.tau:.2f}, {len(g.tokens)} tokens", file=sys.stderr)
     return {**stats.summary(), "new_tokens": tokens, "seconds": round(seconds, 3),
-            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0, "prompts": rows,
+            "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+            "batch_size": config.batch_size, "prompts": rows,
             "aux_layer_ids": list(model.config.aux_layer_ids),
             "draft_vocab_size": model.config.draft_vocab_size}
+
+
+def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[int]],
+           eos: list[int]) -> list[Any]:
+    """One :class:`~specdraft.eval.specdec.Generation` per prompt: the batch-1 loop
+    (:func:`~specdraft.eval.specdec.generate`) or, with ``--batch-size`` > 1,
+    :func:`~specdraft.eval.batch.generate_batch` (same tokens and counts). Prompt i samples
+    with its own generator seeded ``seed + i``, so the batch size does not change the draws."""
+    from specdraft.eval.batch import BatchEagleDrafter, BatchVerifier, generate_batch
+    from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
+
+    aux = model.config.aux_layer_ids
+    gens = [torch.Generator().manual_seed(config.seed + i) for i in range(len(prompt_ids))]
+    common = {"k": config.k, "max_new_tokens": config.max_new_tokens,
+              "temperature": config.temperature, "eos_ids": eos}
+    if config.batch_size > 1:
+        return generate_batch(BatchVerifier(verifier, aux), BatchEagleDrafter(model),
+                              prompt_ids, batch_size=config.batch_size, generators=gens,
+                              **common)
+    return [generate(VerifierSession(verifier, aux), EagleDrafter(model), ids, generator=g,
+                     **common) for ids, g in zip(prompt_ids, gens)]
 
 
 def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:

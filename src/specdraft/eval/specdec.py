@@ -77,10 +77,11 @@ class EagleDrafter:
         self.target_ids = model.draft_to_target(torch.arange(K, device=model.d2t.device))  # [K]
 
     def full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """[K] draft-vocab logits -> [V] verifier-vocab logits, -inf outside the draft vocab
-        (vLLM ``llama_eagle3.py`` ``compute_logits`` does the same scatter)."""
-        full = draft_logits.new_full((self.model.config.vocab_size,), float("-inf"))
-        full[self.target_ids] = draft_logits
+        """[..., K] draft-vocab logits -> [..., V] verifier-vocab logits, -inf outside the draft
+        vocab (vLLM ``llama_eagle3.py`` ``compute_logits`` does the same scatter)."""
+        full = draft_logits.new_full((*draft_logits.shape[:-1], self.model.config.vocab_size),
+                                     float("-inf"))
+        full[..., self.target_ids] = draft_logits
         return full
 
     @torch.inference_mode()
@@ -179,10 +180,40 @@ class Generation:
     stop: str = "length"
     seconds: float = 0.0
 
+    def commit(self, drafts: list[int], n: int, verifier_token: int, eos_ids: Sequence[int],
+               max_new_tokens: int) -> bool:
+        """Record one verify step (k = len(drafts), n accepted, then the verifier's token) and
+        append what it commits; True when generation is over (an EOS or the length limit)."""
+        tokens, stopped = commit_tokens(drafts, n, verifier_token, eos_ids)
+        self.stats.add(len(drafts), min(n, len(tokens)), len(tokens))
+        self.tokens.extend(tokens)
+        if stopped:
+            self.stop = "eos"
+        return self.done(max_new_tokens)
+
+    def done(self, max_new_tokens: int) -> bool:
+        """An EOS was committed or ``max_new_tokens`` are reached."""
+        return self.stop == "eos" or len(self.tokens) >= max_new_tokens
+
     def summary(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "new_tokens": len(self.tokens),
                 "stop": self.stop, "seconds": round(self.seconds, 4),
                 **self.stats.summary()}
+
+
+def prefill(verifier: VerifierSession, drafter: Drafter, ids: torch.Tensor, *,
+            temperature: float, eos_ids: Sequence[int],
+            generator: torch.Generator | None) -> Generation:
+    """The prompt's forward (ids [P] int64): its first token (not a verify step) and the
+    drafter fed the P prompt pairs ``(h_t, x_{t+1})``, the last with the first token."""
+    gen = Generation(prompt_tokens=len(ids))
+    logits, aux = verifier.forward(ids)
+    first = int(pick(logits[-1], temperature, generator)[0])
+    drafter.observe(0, aux, torch.cat([ids[1:], torch.tensor([first])]))
+    gen.tokens.append(first)
+    if first in set(eos_ids):
+        gen.stop = "eos"
+    return gen
 
 
 def generate(verifier: VerifierSession, drafter: Drafter, prompt: Sequence[int], *, k: int,
@@ -192,26 +223,15 @@ def generate(verifier: VerifierSession, drafter: Drafter, prompt: Sequence[int],
     token comes from the prefill and is not a verify step."""
     t0 = time.perf_counter()
     ids = torch.tensor(list(prompt), dtype=torch.long)
-    gen = Generation(prompt_tokens=len(ids))
-    logits, aux = verifier.forward(ids)
-    first = int(pick(logits[-1], temperature, generator)[0])
-    drafter.observe(0, aux, torch.cat([ids[1:], torch.tensor([first])]))
-    gen.tokens.append(first)
-    if first in set(eos_ids):
-        gen.stop = "eos"
-    while gen.stop != "eos" and len(gen.tokens) < max_new_tokens:
+    gen = prefill(verifier, drafter, ids, temperature=temperature, eos_ids=eos_ids,
+                  generator=generator)
+    while not gen.done(max_new_tokens):
         L = len(ids) + len(gen.tokens)
         drafts, q = drafter.propose(torch.cat([ids, torch.tensor(gen.tokens)]), k, temperature,
                                     generator)
         logits, aux = verifier.forward(torch.cat([torch.tensor(gen.tokens[-1:]), drafts]))
         n, vt = verify_step(logits, drafts, q, temperature, generator)
-        tokens, stopped = commit_tokens(drafts.tolist(), n, vt, eos_ids)
-        gen.stats.add(k, min(n, len(tokens)), len(tokens))
-        gen.tokens.extend(tokens)
-        if stopped:
-            gen.stop = "eos"
-            break
-        if len(gen.tokens) >= max_new_tokens:
+        if gen.commit(drafts.tolist(), n, vt, eos_ids, max_new_tokens):
             break
         verifier.crop(L + n)
         drafter.observe(L - 1, aux[: n + 1], torch.tensor(drafts.tolist()[:n] + [vt]))

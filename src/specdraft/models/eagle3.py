@@ -319,11 +319,14 @@ class Eagle3DraftModel(nn.Module):
         return layer.finish(layer.self_attn.out(o), residual)
 
     def forward_cached(self, input_ids: torch.Tensor, hidden: torch.Tensor,
-                       position_ids: torch.Tensor, cache: DraftKVCache) -> torch.Tensor:
+                       position_ids: torch.Tensor, cache: DraftKVCache,
+                       key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Inference: T new columns attend to the cache and causally to each other.
 
         input_ids [B, T], hidden [B, T, H], position_ids [B, T]; the new keys are appended to
-        ``cache``. Returns prenorm [B, T, H].
+        ``cache``. ``key_mask`` (bool [B, S] over the cached + new columns, None = all) hides
+        padding and holes of rows batched together; a column always sees its own key, so a
+        padding query stays finite. Returns prenorm [B, T, H].
         """
         layer = self.midlayer
         x, residual = layer.attn_input(self.embed_tokens(input_ids), hidden)
@@ -333,6 +336,9 @@ class Eagle3DraftModel(nn.Module):
         n_rep = self.config.num_attention_heads // self.config.num_key_value_heads
         T, S = q.shape[2], k_all.shape[2]
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=past)
+        if key_mask is not None:
+            own = mask & ~mask.tril(diagonal=past - 1)  # [T, S]: each column's own key
+            mask = (mask & key_mask[:, None, None, :]) | own  # [B, 1, T, S]
         o = F.scaled_dot_product_attention(q, repeat_kv(k_all, n_rep), repeat_kv(v_all, n_rep),
                                            attn_mask=mask, scale=self.config.head_dim ** -0.5)
         return layer.finish(layer.self_attn.out(o), residual)

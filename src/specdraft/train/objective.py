@@ -92,7 +92,8 @@ def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_id
     final_hidden [N, H] (after the verifier's final norm), lm_head [V, H], draft_ids [K] int64
     (target id of each draft id: ``arange(K) + d2t``), t2d_index [V] int64 (draft id or -1).
     Returns probs [N, K] float32 (softmax over the draft vocab) and label [N] int64 (draft id of
-    the argmax over the full vocab, -1 when outside the draft vocab). fp32, chunked over N.
+    the argmax over the full vocab, -1 when outside the draft vocab). fp32, chunked over N:
+    peak ``chunk·V·4`` bytes for the logits, whatever N (``benchmarks/bench_scale.py``).
     """
     probs, labels = [], []
     head = lm_head.float()
@@ -100,6 +101,7 @@ def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_id
         full = part @ head.T  # [n, V]
         labels.append(t2d_index[full.argmax(-1)])
         probs.append(torch.softmax(full[:, draft_ids], dim=-1))  # [n, K]
+        del full  # else the next chunk's [n, V] is allocated while this one is alive
     if not probs:
         return head.new_zeros(0, draft_ids.numel()), torch.zeros(0, dtype=torch.long)
     return torch.cat(probs), torch.cat(labels)

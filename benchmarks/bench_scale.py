@@ -1,0 +1,102 @@
+"""Checks of docs/scale.md's formulas at reduced shapes, on CPU.
+
+1. Drafter size at the Kimi-K2.5 shape (hidden 7168, vocab 163,840, 64 heads of 128, 8 KV
+   heads, intermediate 18,432, draft vocab 32,000 and 163,840): parameters counted on the
+   ``meta`` device (no memory), against the formula printed beside them.
+2. The teacher at the Kimi vocabulary: peak memory of ``train.objective.verifier_targets`` over
+   V = 163,840 for N supervised positions, measured (peak RSS of a fresh subprocess) against
+   ``chunk·V·4`` (the [chunk, V] fp32 logits; chunk = min(N, 1024)) plus ``2·chunk·K·4`` (the
+   gathered and softmaxed [chunk, K]) plus the ``N·K·4`` result: the full ``N·V·4`` is never
+   held, so T = 2048 does not cost 1.3 GB. H is reduced (``--hidden``) to keep the head small;
+   the head is an input of its own size ``V·H·4``, allocated before the measurement.
+
+Usage: ``python benchmarks/bench_scale.py [--hidden 512] [--rows 256,2048] [--draft-vocab 32000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+
+V_KIMI, H_KIMI = 163_840, 7168
+MB = 1e6
+
+
+def drafter_params(K: int) -> dict[str, int]:
+    """Parameter counts of an EAGLE-3 drafter at the Kimi-K2.5 shape (meta device)."""
+    import torch
+
+    from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
+
+    c = Eagle3Config(hidden_size=H_KIMI, num_attention_heads=64, num_key_value_heads=8,
+                     head_dim=128, intermediate_size=18_432, rms_norm_eps=1e-6,
+                     rope_theta=50_000.0, max_position_embeddings=262_144, vocab_size=V_KIMI,
+                     draft_vocab_size=K, target_hidden_size=H_KIMI, aux_layer_ids=(2, 30, 58))
+    with torch.device("meta"):
+        m = Eagle3DraftModel(c)
+    groups = {"embed_tokens (frozen)": "embed_tokens.", "fc": "fc.", "midlayer": "midlayer.",
+              "lm_head": "lm_head.", "norm": "norm."}
+    out = {name: sum(p.numel() for n, p in m.named_parameters() if n.startswith(pre))
+           for name, pre in groups.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+def teacher_child(H: int, N: int, K: int) -> None:
+    """In a fresh process: allocate the inputs, then report the peak RSS growth of one
+    ``verifier_targets`` call (bytes)."""
+    import torch
+
+    from specdraft.train.objective import verifier_targets
+
+    torch.set_num_threads(1)
+    head = torch.randn(V_KIMI, H)
+    final = torch.randn(N, H)
+    draft_ids = torch.randperm(V_KIMI)[:K].sort().values
+    t2d = torch.full((V_KIMI,), -1, dtype=torch.long)
+    t2d[draft_ids] = torch.arange(K)
+    verifier_targets(final[:8], head, draft_ids, t2d)  # warm-up: allocator, kernels
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    probs, _ = verifier_targets(final, head, draft_ids, t2d)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_growth": after - before, "probs": probs.numel() * 4}))
+
+
+def teacher_peak(H: int, N: int, K: int) -> int:
+    out = subprocess.run([sys.executable, __file__, "--child", f"{H},{N},{K}"], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_growth"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--rows", default="256,2048")
+    ap.add_argument("--draft-vocab", type=int, default=32_000)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        teacher_child(*map(int, args.child.split(",")))
+        return
+    for K in (32_000, V_KIMI):
+        p = drafter_params(K)
+        trainable = p["total"] - p["embed_tokens (frozen)"]
+        print(f"drafter at the Kimi-K2.5 shape, draft vocab {K}: " + ", ".join(
+            f"{k} {v / 1e9:.3f}B" for k, v in p.items()) + f"; trainable {trainable / 1e9:.3f}B")
+    K, H = args.draft_vocab, args.hidden
+    print(f"teacher verifier_targets, V {V_KIMI}, K {K}, H {H} "
+          f"(head {V_KIMI * H * 4 / MB:.0f} MB allocated before), chunk 1024:")
+    for N in map(int, args.rows.split(",")):
+        c = min(N, 1024)
+        predicted = c * V_KIMI * 4 + 2 * c * K * 4 + N * K * 4
+        measured = teacher_peak(H, N, K)
+        print(f"  N {N:5d}: peak growth {measured / MB:7.0f} MB, formula chunk·V·4 + 2·chunk·K·4"
+              f" + N·K·4 = {predicted / MB:7.0f} MB (full N·V·4 would be "
+              f"{N * V_KIMI * 4 / MB:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()
