@@ -71,6 +71,15 @@ def drafter_qk(m: Eagle3DraftModel, x: torch.Tensor):
     return (rq, rk), (q, k)
 
 
+def assert_rotates_like(m: Eagle3DraftModel, x: torch.Tensor, cos, sin, oracle_apply):
+    """The drafter's rotated q/k equal ``oracle_apply(q, k, cos, sin)``; returns (q, rotated q)."""
+    (rq, rk), (q, k) = drafter_qk(m, x)
+    want_q, want_k = oracle_apply(q, k, cos, sin)
+    torch.testing.assert_close(rq, want_q, **TOL)
+    torch.testing.assert_close(rk, want_k, **TOL)
+    return q, rq
+
+
 def x_for(m: Eagle3DraftModel) -> torch.Tensor:
     torch.manual_seed(1)
     return torch.randn(1, POS.shape[1], 2 * m.config.hidden_size)
@@ -90,10 +99,7 @@ def test_llama3_scaling_matches_llama_rotary():
     ours = m.rotary(x, POS)
     torch.testing.assert_close(ours[0], cos, **TOL)
     torch.testing.assert_close(ours[1], sin, **TOL)
-    (rq, rk), (q, k) = drafter_qk(m, x)
-    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
-    torch.testing.assert_close(rq, want_q, **TOL)
-    torch.testing.assert_close(rk, want_k, **TOL)
+    assert_rotates_like(m, x, cos, sin, apply_rotary_pos_emb)
     # planted: the llama3 scaling dropped (speculators PR#574) -> other angles past 64
     plain = drafter(hf, rope_scaling=None)
     assert (plain.rotary(x, POS)[0] - cos).abs().max() > 1e-2
@@ -115,10 +121,7 @@ def test_yarn_with_attention_factor_matches_gpt_oss_rotary():
     for a, b in ((ours[0], cos), (ours[1], sin)):
         torch.testing.assert_close(a[..., :half], b, **TOL)
         torch.testing.assert_close(a[..., half:], b, **TOL)
-    (rq, rk), (q, k) = drafter_qk(m, x)
-    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
-    torch.testing.assert_close(rq, want_q, **TOL)
-    torch.testing.assert_close(rk, want_k, **TOL)
+    assert_rotates_like(m, x, cos, sin, apply_rotary_pos_emb)
     # planted: YaRN's attention factor lost (truncate and mscale kept, rope_type mistaken)
     linear = drafter(hf, rope_scaling={"rope_type": "linear", "factor": 32.0})
     assert (linear.rotary(x, POS)[0][..., :half] - cos).abs().max() > 1e-2
@@ -136,10 +139,7 @@ def test_partial_rotary_matches_qwen3_next():
     ours = m.rotary(x, POS)
     torch.testing.assert_close(ours[0], cos, **TOL)
     torch.testing.assert_close(ours[1], sin, **TOL)
-    (rq, rk), (q, k) = drafter_qk(m, x)
-    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
-    torch.testing.assert_close(rq, want_q, **TOL)
-    torch.testing.assert_close(rk, want_k, **TOL)
+    q, rq = assert_rotates_like(m, x, cos, sin, apply_rotary_pos_emb)
     torch.testing.assert_close(rq[..., 4:], q[..., 4:], atol=0, rtol=0)  # the rest untouched
     # planted: the partial factor ignored (speculators #613): every dimension rotated
     full = drafter(hf, partial_rotary_factor=1.0)
