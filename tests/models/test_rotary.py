@@ -163,3 +163,22 @@ def test_cached_inference_uses_the_same_partial_rotary():
         p0 = m.ttt_step(ids, h, pos, [])
         c0 = m.forward_cached(ids, h, pos, DraftKVCache())
     torch.testing.assert_close(c0, p0, atol=1e-5, rtol=1e-5)
+
+
+def test_legacy_rope_scaling_type_key_is_read_as_rope_type():
+    """An older config.json spells the scaling type ``type``; it must not fall back to default."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    c = Eagle3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     intermediate_size=128, rms_norm_eps=1e-5, rope_theta=1e4,
+                     max_position_embeddings=1024, vocab_size=100, draft_vocab_size=20,
+                     target_hidden_size=64, aux_layer_ids=(1, 2, 3),
+                     rope_scaling={"type": "linear", "factor": 4.0})
+    assert c.rope_type == "linear" and c.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    hf = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16,
+                     max_position_embeddings=1024,
+                     rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0})
+    x = torch.zeros(1, POS.shape[1], 64)
+    torch.testing.assert_close(Eagle3DraftModel(c).rotary(x, POS)[0],
+                               LlamaRotaryEmbedding(hf)(x, POS)[0], **TOL)

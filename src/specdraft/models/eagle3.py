@@ -77,6 +77,11 @@ class Eagle3Config:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+        if self.rope_scaling is not None:  # legacy ``{"type": ...}`` spelling -> rope_type
+            rope = dict(self.rope_scaling)
+            rope.setdefault("rope_type", rope.pop("type", "default"))
+            rope.pop("type", None)
+            object.__setattr__(self, "rope_scaling", rope)
         if self.attn_impl not in TTT_ATTENTION:
             raise ValueError(f"attn_impl {self.attn_impl!r} not in {sorted(TTT_ATTENTION)}")
         if self.hidden_act != "silu":
