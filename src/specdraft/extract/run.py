@@ -445,11 +445,11 @@ def verifier_profile(config: ExtractConfig, model: Any) -> VerifierProfile:
     config (transformers backend), or from the engine's HF directory's config (vLLM backend,
     whose stored final state is the engine's pre-norm state normalised here). Raises
     :class:`ConfigError` naming a config field specdraft does not understand."""
-    if config.backend == "vllm":
+    if hasattr(model, "hf_dir"):  # an EngineVerifier: the weights stay with the engine
         from transformers import AutoConfig
 
-        return resolve_profile(AutoConfig.from_pretrained(model.hf_dir), backend="vllm")
-    return resolve_profile(model.config, model=model)
+        return resolve_profile(AutoConfig.from_pretrained(model.hf_dir), backend=config.backend)
+    return resolve_profile(model.config, model=model, backend=config.backend)
 
 
 def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str, Any],
