@@ -178,9 +178,10 @@ class VerifierProfile(_Frozen):
             raise ConfigError(f"{source}: key `{key}`: {e['msg']}") from None
 
     def mismatches(self, other: "VerifierProfile",
-                   ignore: tuple[str, ...] = ("final_state",)) -> list[str]:
-        """``"field: mine != other's"`` for each top-level field that differs (``ignore``d
-        fields aside: the final state depends on the extraction backend, not the verifier)."""
+                   ignore: tuple[str, ...] = ("final_state", "architecture")) -> list[str]:
+        """``"field: mine != other's"`` for each top-level field that differs. Ignored by
+        default: the final state (it depends on the extraction backend, not the verifier) and
+        the architecture name (a GGUF's config has none; ``model_type`` names the family)."""
         a, b = self.to_dict(), other.to_dict()
         return [f"{k}: {json.dumps(a[k])} != {json.dumps(b.get(k))}" for k in a
                 if k not in ignore and a[k] != b.get(k)]
