@@ -87,6 +87,24 @@ def test_manifest_head_and_verify(tmp_path, tiny_model):
     index = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
     assert [e["key"] for e in index] == [f"s{i:03d}/0" for i in range(12)]
     assert all(e["shard"].startswith("shards/rank00000-") for e in index)
+    from specdraft.core.manifest import load_stage_manifest
+    from specdraft.core.profile import resolve_profile
+
+    profile = load_stage_manifest(out).profile  # typed: ExtractManifest.profile
+    assert profile == resolve_profile(tiny_model.config, model=tiny_model)
+    assert (profile.n_layers, profile.hidden_size, profile.final_state, profile.norm_gain) == \
+        (4, H, "post_norm", "w")
+
+
+def test_verifier_config_not_understood_is_refused_before_extracting(tmp_path, tiny_model):
+    import copy
+
+    run_dir, _, _ = prepared(tmp_path)
+    odd = copy.deepcopy(tiny_model)
+    odd.config.rope_parameters = {"rope_type": "superrope", "rope_theta": 1e4}
+    with pytest.raises(ConfigError, match=r"`rope_parameters.rope_type` = 'superrope'"):
+        extract(run_dir, odd)
+    assert not (run_dir / "extract" / "shards").exists()
 
 
 def test_disk_and_online_sources_identical(tmp_path, tiny_model):

@@ -34,6 +34,7 @@ import numpy as np
 from specdraft.core.errors import ConfigError
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
+AUX_CONVENTION = "hf_hidden_states: aux id i = HF hidden_states[i] = input to decoder layer i"
 
 
 def supervised_mask(loss_mask: Any) -> Any:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from specdraft.core import lock
 from specdraft.core.atomic import atomic_write_json
 from specdraft.core.errors import InputError
+from specdraft.core.profile import VerifierProfile
 
 MANIFEST = "manifest.json"
 _VERSIONED = ("specdraft", "torch", "transformers", "datasets", "safetensors", "httpx", "gguf")
@@ -247,7 +248,9 @@ class StorageFacts(BaseModel):
 
 class ExtractManifest(Manifest):
     """``aux_layer_ids`` and ``n_layers`` may be absent (an edited manifest): readers that need
-    them refuse with how to supply them (export's ``--aux-layers`` / ``--verifier``)."""
+    them refuse with how to supply them (export's ``--aux-layers`` / ``--verifier``).
+    ``profile``: the verifier's :class:`~specdraft.core.profile.VerifierProfile` (None in
+    manifests written before profiles existed)."""
 
     aux_layer_ids: list[int] = []
     n_layers: int | None = None
@@ -256,6 +259,7 @@ class ExtractManifest(Manifest):
     storage: StorageFacts
     verifier: dict[str, Any] = {}
     verify: dict[str, Any] | None = None
+    profile: VerifierProfile | None = None
 
     def figures(self) -> str:
         c, s, v = self.counts, self.storage, self.verify

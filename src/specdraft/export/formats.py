@@ -38,6 +38,7 @@ transformer_layer_config.hidden_size``. :func:`fc_input_read` mirrors each rule.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -94,19 +95,67 @@ def sglang_legacy_capture_hf_ids(written: list[int]) -> list[int]:
 
 
 # ------------------------------------------------------------------------ config.json builders
+# Rope types both engines' Llama EAGLE-3 layer compute as transformers does (vLLM 0.32
+# ``model_executor/layers/rotary_embedding/__init__.py`` ``get_rope``; SGLang ``get_rope``):
+# the rest are refused at export with the reason (validate.check_rotary).
+ENGINE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_REFUSALS = {
+    "dynamic": "dynamic NTK: transformers rescales per sequence length at training time, the "
+               "engines cache one fixed scaled table, so the drafter's rotary would differ",
+    "longrope": "longrope switches short/long factors by sequence length; not checked to match "
+                "between transformers and the engines",
+    "proportional": "proportional (Gemma 4) rotary has no Llama EAGLE-3 drafter layer in vLLM or "
+                    "SGLang",
+}
+
+
+def rotary_keys(c: Eagle3Config) -> dict[str, Any]:
+    """The rotary keys of the draft layer's config, for every engine that reads them:
+
+    - vLLM 0.32 ``model_executor/models/llama.py`` ``LlamaAttention._init_rotary_emb`` calls
+      ``get_rope(head_dim, rope_parameters=config.rope_parameters)``: type, theta, scaling
+      parameters and ``partial_rotary_factor`` (rotary_dim = ``int(head_dim * factor)``), all
+      from ``rope_parameters`` (its transformers also folds legacy ``rope_scaling``,
+      ``rope_theta`` and ``partial_rotary_factor`` into it);
+    - SGLang ``models/llama.py`` ``LlamaDecoderLayer``/``LlamaAttention``: top-level
+      ``rope_theta``, ``rope_scaling`` (the scaling dict, None for none),
+      ``partial_rotary_factor`` and ``head_dim``.
+    """
+    return copy.deepcopy({"rope_theta": c.rope_theta, "rope_scaling": c.rope_scaling,
+                          "partial_rotary_factor": c.partial_rotary_factor,
+                          "rope_parameters": c.rope_parameters()})  # transformers edits in place
+
+
 def llama_layer_config(c: Eagle3Config) -> dict[str, Any]:
     """The Llama layer keys both engines read for the single draft layer (HF ``LlamaConfig``
-    names). ``max_position_embeddings`` and ``vocab_size`` are the verifier's."""
+    names). ``max_position_embeddings`` and ``vocab_size`` are the verifier's;
+    ``tie_word_embeddings`` is always false (SGLang would tie lm_head to embed_tokens)."""
     return {
         "model_type": "llama", "hidden_size": c.hidden_size,
         "num_attention_heads": c.num_attention_heads,
         "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
         "intermediate_size": c.intermediate_size, "hidden_act": c.hidden_act,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta,
-        "rope_scaling": c.rope_scaling, "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps, **rotary_keys(c),
+        "max_position_embeddings": c.max_position_embeddings,
         "vocab_size": c.vocab_size, "num_hidden_layers": 1, "attention_bias": False,
         "mlp_bias": False, "tie_word_embeddings": False,
     }
+
+
+def engine_rope_read(layer: dict[str, Any], reader: str) -> dict[str, Any]:
+    """The rotary an engine builds from a draft layer config, as a ``rope_parameters`` dict:
+    ``reader`` ``"vllm"`` reads ``rope_parameters`` (legacy keys when it is absent), ``"sglang"``
+    the top-level ``rope_theta`` / ``rope_scaling`` / ``partial_rotary_factor`` (see
+    :func:`rotary_keys`)."""
+    if reader == "vllm" and layer.get("rope_parameters"):
+        return dict(layer["rope_parameters"])
+    rope = {"rope_type": "default", **(layer.get("rope_scaling") or {}),
+            "rope_theta": layer.get("rope_theta", 10000.0)}
+    rope.pop("type", None)
+    partial = layer.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        rope["partial_rotary_factor"] = partial
+    return rope
 
 
 def engine_config(c: Eagle3Config, *, sglang_ids: bool) -> dict[str, Any]:
@@ -247,6 +296,7 @@ def drafter_config_from_export(cfg: dict[str, Any], fmt: str) -> Eagle3Config:
         num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
         intermediate_size=layer["intermediate_size"], rms_norm_eps=layer["rms_norm_eps"],
         rope_theta=layer.get("rope_theta", 10000.0), rope_scaling=layer.get("rope_scaling"),
+        partial_rotary_factor=layer.get("partial_rotary_factor", 1.0),
         max_position_embeddings=layer["max_position_embeddings"],
         vocab_size=layer["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"],
         target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],

@@ -29,7 +29,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     **{k: _INT for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                          "intermediate_size", "max_position_embeddings", "vocab_size",
                          "draft_vocab_size", "target_hidden_size")},
-    "rms_norm_eps": (float, int), "rope_theta": (float, int)}
+    "rms_norm_eps": (float, int), "rope_theta": (float, int),
+    "partial_rotary_factor": (float, int)}
 
 
 @dataclass

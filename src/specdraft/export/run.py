@@ -19,6 +19,7 @@ from specdraft.core.atomic import atomic_dir, atomic_write_json
 from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, load_stage_manifest,
                                      utc_now, write_manifest, write_provenance)
+from specdraft.core.profile import VerifierProfile
 from specdraft.core.rundir import open_stage_dir, stage_dir
 from specdraft.export.config import ExportConfig
 from specdraft.export.formats import FORMAT_SPECS, build_config, rename
@@ -48,7 +49,8 @@ def upstream_facts(config: ExportConfig) -> dict[str, Any]:
     :func:`missing_facts`); a manifest key of the wrong type raises :class:`InputError`."""
     facts: dict[str, Any] = {"extract_ids": None, "n_layers": None, "embed": None,
                              "verifier_name": config.verifier_name or config.verifier,
-                             "architectures": [], "inputs": {}, "ids_missing_in": None}
+                             "architectures": [], "inputs": {}, "ids_missing_in": None,
+                             "extract_profile": None, "verifier_profile": None}
     if config.run_dir is not None:
         for stage in ("extract", "train"):
             if (stage_dir(config.run_dir, stage) / MANIFEST).exists():
@@ -59,6 +61,7 @@ def upstream_facts(config: ExportConfig) -> dict[str, Any]:
             facts["ids_missing_in"] = None if facts["extract_ids"] else \
                 stage_dir(config.run_dir, "extract") / MANIFEST
             facts["n_layers"] = ex.n_layers
+            facts["extract_profile"] = ex.profile
             facts["verifier_name"] = facts["verifier_name"] or ex.config.get("verifier")
         else:
             facts["extract_ids"] = _online_ids(config.run_dir)
@@ -113,8 +116,9 @@ def missing_facts(config: ExportConfig, trained: dict[str, torch.Tensor], c: Eag
 
 
 def _verifier_facts(verifier: str, facts: dict[str, Any]) -> None:
-    """Layer count and architectures from the verifier's config; its embedding when the
-    extraction head did not provide it (loads the model)."""
+    """Layer count, architectures and profile from the verifier's config; its embedding when
+    the extraction head did not provide it (loads the model)."""
+    from specdraft.core.profile import resolve_profile
     from specdraft.core.verifier import load_verifier
 
     model = load_verifier(verifier) if facts["embed"] is None else None
@@ -128,9 +132,36 @@ def _verifier_facts(verifier: str, facts: dict[str, Any]) -> None:
 
         directory, gguf = resolve_verifier(verifier)
         hf = AutoConfig.from_pretrained(directory, gguf_file=gguf)
+    facts["verifier_profile"] = resolve_profile(hf, model=model)
     hf = getattr(hf, "text_config", None) or hf
-    facts["n_layers"] = facts["n_layers"] or hf.num_hidden_layers
+    facts["n_layers"] = facts["n_layers"] or facts["verifier_profile"].n_layers
     facts["architectures"] = list(getattr(hf, "architectures", None) or [])
+
+
+def drafter_profile(c: Eagle3Config, facts: dict[str, Any]) -> VerifierProfile | None:
+    """The verifier profile the drafter was built from (its config's, else the extraction's)."""
+    if c.verifier_profile is not None:
+        return VerifierProfile.from_dict(c.verifier_profile, source="drafter config "
+                                         "verifier_profile")
+    return facts["extract_profile"]
+
+
+def profile_problems(config: ExportConfig, profile: VerifierProfile | None,
+                     facts: dict[str, Any]) -> list[str]:
+    """The drafter's verifier profile against RUN/extract's and against ``--verifier``'s: a
+    mismatch means the drafter was shaped or trained for another verifier; each field named."""
+    problems = []
+    checks = [("RUN/extract/manifest.json profile", facts["extract_profile"]),
+              (f"--verifier {config.verifier}", facts["verifier_profile"])]
+    for where, other in checks:
+        if profile is None or other is None:
+            continue
+        diff = profile.mismatches(other)
+        if diff:
+            problems.append(f"the drafter's verifier profile differs from {where}: "
+                            f"{'; '.join(diff)} (mine != theirs); the drafter was built for "
+                            f"another verifier: retrain it for this one")
+    return problems
 
 
 def export_tensors(fmt: str, trained: dict[str, torch.Tensor], embed: torch.Tensor | None,
@@ -192,7 +223,9 @@ def run(config: ExportConfig) -> dict[str, Any]:
         raise StageDirError(f"{out} exists; pass --overwrite to replace it")
     facts = upstream_facts(config)
     cfg, tensors = candidate(config, src.config, src.state, facts)
+    profile = drafter_profile(src.config, facts)
     problems = missing_facts(config, src.state, src.config, facts)
+    problems += profile_problems(config, profile, facts)
     problems += embed_problems(config, src.state, facts["embed"])
     problems += check_export(config.format, cfg, tensors, src.config, trained=src.state,
                              verifier_embed=facts["embed"], extract_ids=facts["extract_ids"],
@@ -207,7 +240,8 @@ def run(config: ExportConfig) -> dict[str, Any]:
         atomic_write_json(tmp / EXPORT_CONFIG, cfg)
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
         write_provenance(tmp, stage=STAGE, config=config, inputs=facts["inputs"],
-                         format=config.format, source=str(src.path))
+                         format=config.format, source=str(src.path),
+                         verifier_profile=profile.to_dict() if profile is not None else None)
     exports[config.format] = {"out": str(out), "config_hash": config.config_hash(),
                               "finished_at": utc_now()}
     return write_manifest(
@@ -216,6 +250,7 @@ def run(config: ExportConfig) -> dict[str, Any]:
         extra={"format": config.format, "out": str(out), "exports": exports,
                "source": str(src.path),
                "aux_layer_ids": list(src.config.aux_layer_ids), "aux_convention": AUX_CONVENTION,
+               "verifier_profile": profile.to_dict() if profile is not None else None,
                "engine_aux_ids": {"top_level": cfg.get("eagle_aux_hidden_state_layer_ids"),
                                   "eagle_config": (cfg.get("eagle_config") or {}).get(
                                       "eagle_aux_hidden_state_layer_ids")},

@@ -10,7 +10,11 @@ compares a candidate ``(config.json, tensors)`` against it and against the facts
 - the aux ids the engine will read (converted back to HF ``hidden_states`` indices) equal the ids
   used at extraction;
 - no missing or unexpected tensor; each tensor identical to the trained one it was taken from;
-  ``embed_tokens`` either absent or an exact copy of the verifier's.
+  ``embed_tokens`` either absent or an exact copy of the verifier's;
+- the rotary each engine builds from ``config.json`` (:func:`specdraft.export.formats.
+  engine_rope_read`) is the drafter's (type, theta, scaling parameters, partial factor), of a
+  type the engines' Llama EAGLE-3 layer computes like transformers (else refused with the
+  reason); ``tie_word_embeddings`` is false.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import torch
 
 from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
 from specdraft.core.errors import ConfigError, SpecdraftError
-from specdraft.export.formats import FORMAT_SPECS, inverse
+from specdraft.export.formats import (ENGINE_ROPE_TYPES, FORMAT_SPECS, ROPE_REFUSALS,
+                                      engine_rope_read, inverse)
 from specdraft.models.eagle3 import Eagle3Config
 
 ENGINE_KEYS = ("architectures", "model_type", "hidden_size", "num_attention_heads",
@@ -194,6 +199,39 @@ def check_fc(fmt: str, cfg: dict[str, Any], c: Eagle3Config, tensors: dict[str, 
     return problems
 
 
+def _layer(fmt: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    return cfg.get("transformer_layer_config") or {} if fmt == "speculators" else cfg
+
+
+def check_rotary(fmt: str, cfg: dict[str, Any], c: Eagle3Config) -> list[str]:
+    """The drafter's rotary is one the engines express, and each engine reads it back exactly."""
+    problems = []
+    rope_type = c.rope_type
+    if rope_type not in ENGINE_ROPE_TYPES:
+        why = ROPE_REFUSALS.get(rope_type, "not a rope type specdraft has checked in the engines")
+        problems.append(f"rotary type {rope_type!r} cannot be served by the engines' EAGLE-3 "
+                        f"drafter: {why} (supported: {', '.join(ENGINE_ROPE_TYPES)})")
+    if "mrope_section" in (c.rope_scaling or {}):
+        problems.append("multimodal rotary (mrope_section): the engines' Llama EAGLE-3 drafter "
+                        "would build a 3-D position rotary the drafter was not trained with")
+    want = c.rope_parameters()
+    readers = ("vllm", "sglang") if fmt != "speculators" else ("vllm",)
+    for reader in readers:
+        got = engine_rope_read(_layer(fmt, cfg), reader)
+        if got != want:
+            diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+            problems.append(f"the {reader} loader would build rotary {got} from config.json, the "
+                            f"drafter was trained with {want} (differs in {diff})")
+    layer = _layer(fmt, cfg)
+    if layer.get("head_dim") != c.head_dim:
+        problems.append(f"config.json head_dim {layer.get('head_dim')} != the drafter's "
+                        f"{c.head_dim} (the engines size q/k/v and the rotary by it)")
+    if layer.get("tie_word_embeddings") is not False:
+        problems.append("config.json tie_word_embeddings must be false: SGLang would replace the "
+                        "drafter's lm_head over the draft vocab with embed_tokens")
+    return problems
+
+
 def check_export(fmt: str, cfg: dict[str, Any], tensors: dict[str, torch.Tensor],
                  c: Eagle3Config, *, trained: dict[str, torch.Tensor],
                  verifier_embed: torch.Tensor | None, extract_ids: list[int] | None,
@@ -202,6 +240,7 @@ def check_export(fmt: str, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]
     problems = check_config_keys(fmt, cfg)
     problems += check_tensors(fmt, c, tensors)
     problems += check_fc(fmt, cfg, c, tensors)
+    problems += check_rotary(fmt, cfg, c)
     head = tensors.get("lm_head.weight")
     if head is not None and head.shape[0] != c.draft_vocab_size:
         problems.append(f"lm_head.weight has {head.shape[0]} rows, draft vocab is "

@@ -23,6 +23,7 @@ from specdraft.core.atomic import atomic_write_json, atomic_write_text
 from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.jsonl import iter_jsonl
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
+from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
 from specdraft.extract.batching import pad_rows, plan_batches, plan_shards, rank_batches
 from specdraft.extract.capture import (CONVENTION, capture_packed, check_aux_ids,
@@ -371,6 +372,7 @@ def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
              ) -> dict[str, Any]:
     """Everything the ranks share: aux ids, codec, keys, lengths, the plan, shard metadata."""
     n_layers, hidden = _shape(model)
+    profile = verifier_profile(config, model)  # refuses a config it does not understand, first
     aux_ids = (check_aux_ids(config.aux_layers, n_layers) if config.aux_layers
                else default_aux_ids(n_layers))
     keys, seq_lens = _row_table(ds)
@@ -381,6 +383,7 @@ def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
     metadata = {"format": codec.name, "aux_layer_ids": ",".join(map(str, aux_ids)),
                 "hidden_size": str(hidden), "convention": CONVENTION}
     return {"aux_ids": aux_ids, "n_layers": n_layers, "hidden": hidden, "codec": codec,
+            "profile": profile,
             "keys": keys, "seq_lens": seq_lens, "n_sup": n_sup, "batches": batches,
             "shards": shards, "estimate": estimate, "metadata": metadata}
 
@@ -422,7 +425,7 @@ def _run(config: ExtractConfig, verifier: Any, rank: int, world: int) -> dict[st
 
 
 def _profile(config: ExtractConfig, model: Any, head: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's verifier profile: what ran it and how its final state was normalised."""
+    """The manifest's verifier record: what ran it and how its final state was normalised."""
     if config.backend == "vllm":
         from specdraft.extract.vllm_backend import FINAL_STATE
 
@@ -435,6 +438,18 @@ def _profile(config: ExtractConfig, model: Any, head: dict[str, Any]) -> dict[st
     return {"path": config.verifier, "class": type(model).__name__, "dtype": str(model.dtype),
             "head": head, "backend": "transformers",
             "final_state": "post_norm (the verifier's own last_hidden_state)"}
+
+
+def verifier_profile(config: ExtractConfig, model: Any) -> VerifierProfile:
+    """The verifier's profile (:mod:`specdraft.core.profile`): from the loaded HF model and its
+    config (transformers backend), or from the engine's HF directory's config (vLLM backend,
+    whose stored final state is the engine's pre-norm state normalised here). Raises
+    :class:`ConfigError` naming a config field specdraft does not understand."""
+    if hasattr(model, "hf_dir"):  # an EngineVerifier: the weights stay with the engine
+        from transformers import AutoConfig
+
+        return resolve_profile(AutoConfig.from_pretrained(model.hf_dir), backend=config.backend)
+    return resolve_profile(model.config, model=model, backend=config.backend)
 
 
 def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str, Any],
@@ -459,6 +474,7 @@ def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str
                         "hidden_states[N]); lm_head(final_hidden) = logits",
         "target_representation": TARGET_DOC,
         "verifier": _profile(config, model, head),
+        "profile": ctx["profile"].to_dict(),
         "storage": {"format": config.storage, "shard_mb": config.shard_mb,
                     "zstd_level": config.zstd_level if CODECS[config.storage].zstd else None,
                     "shards": len({e["shard"] for e in entries}), "bytes_total": total,

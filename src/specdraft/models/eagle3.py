@@ -37,16 +37,23 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-AUX_CONVENTION = "hf_hidden_states: aux id i = HF hidden_states[i] = input to decoder layer i"
+from specdraft.core.conventions import AUX_CONVENTION  # noqa: F401  (re-exported)
+from specdraft.core.errors import ConfigError
+from specdraft.core.profile import VerifierProfile, resolve_profile
+
 
 
 @dataclass(frozen=True, kw_only=True)
 class Eagle3Config:
-    """Shape of a drafter; layer fields are copied from the verifier (:meth:`from_verifier`).
+    """Shape of a drafter; layer fields come from the verifier's profile (:meth:`from_profile`).
 
     ``max_position_embeddings`` is the verifier's, never the training length: a smaller value
     crushes acceptance on long contexts at serving time (rotary scaling and cache sizing read it).
-    ``aux_layer_ids`` follow :data:`AUX_CONVENTION`.
+    ``aux_layer_ids`` follow :data:`AUX_CONVENTION`. Rotary: ``rope_theta``, ``rope_scaling``
+    (``{"rope_type": ..., params}`` as transformers spells them, None for the default rotary) and
+    ``partial_rotary_factor`` (only the first ``rotary_dim`` of each head are rotated).
+    ``verifier_profile``: the :class:`~specdraft.core.profile.VerifierProfile` the drafter was
+    built from, as a dict (None for drafters made before profiles existed).
     """
 
     hidden_size: int
@@ -62,20 +69,47 @@ class Eagle3Config:
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...]
     rope_scaling: dict[str, Any] | None = None
+    partial_rotary_factor: float = 1.0
     norm_before_residual: bool = False
     hidden_act: str = "silu"
     attn_impl: str = "split"
+    verifier_profile: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+        if self.rope_scaling is not None:  # legacy ``{"type": ...}`` spelling -> rope_type
+            rope = dict(self.rope_scaling)
+            rope.setdefault("rope_type", rope.pop("type", "default"))
+            rope.pop("type", None)
+            object.__setattr__(self, "rope_scaling", rope)
         if self.attn_impl not in TTT_ATTENTION:
             raise ValueError(f"attn_impl {self.attn_impl!r} not in {sorted(TTT_ATTENTION)}")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r}: only silu is implemented")
+        if not 0.0 < self.partial_rotary_factor <= 1.0 or self.rotary_dim % 2:
+            raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} must be in "
+                             f"(0, 1] and give an even rotary_dim (head_dim {self.head_dim})")
 
     @property
     def n_aux(self) -> int:
         return len(self.aux_layer_ids)
+
+    @property
+    def rotary_dim(self) -> int:
+        """Rotated dimensions of each head: ``int(head_dim * partial_rotary_factor)`` (vLLM
+        ``get_rope``, SGLang ``LlamaAttention`` and transformers compute it the same way)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def rope_type(self) -> str:
+        return (self.rope_scaling or {}).get("rope_type", "default")
+
+    def rope_parameters(self) -> dict[str, Any]:
+        """The full transformers ``rope_parameters`` dict (type, theta, params, partial)."""
+        rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+        if self.partial_rotary_factor != 1.0:
+            rope["partial_rotary_factor"] = self.partial_rotary_factor
+        return rope
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -89,30 +123,97 @@ class Eagle3Config:
     @classmethod
     def from_verifier(cls, hf_config: Any, *, draft_vocab_size: int,
                       aux_layer_ids: tuple[int, ...], **overrides: Any) -> "Eagle3Config":
-        """Copy the layer shape from a verifier's HF config (``text_config`` for VL models)."""
-        c = getattr(hf_config, "text_config", None) or hf_config
-        rope = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
-        theta = float(rope.pop("rope_theta", getattr(c, "rope_theta", 10000.0)))
-        scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
-        heads = c.num_attention_heads
+        """:meth:`from_profile` of the profile resolved from a verifier's HF config
+        (``text_config`` for VL models); :class:`ConfigError` for a config not understood."""
+        return cls.from_profile(resolve_profile(hf_config), draft_vocab_size=draft_vocab_size,
+                                aux_layer_ids=aux_layer_ids, **overrides)
+
+    @classmethod
+    def from_profile(cls, profile: VerifierProfile, *, draft_vocab_size: int,
+                     aux_layer_ids: tuple[int, ...], **overrides: Any) -> "Eagle3Config":
+        """The drafter's shape from the verifier's profile. Shape rules (README "Drafter shape"):
+
+        - one standard EAGLE-3 Llama-style layer over the verifier's ``hidden_size``, with its
+          ``num_attention_heads``, ``num_key_value_heads`` and ``head_dim``; for an MLA verifier
+          (DeepSeek-V3, Kimi-K2) ``head_dim = v_head_dim`` (128): a Llama layer has one head width
+          for q, k and v, and MLA's q/k width (``qk_nope + qk_rope`` = 192) exists only inside
+          its latent attention (public Kimi-K2.5 EAGLE-3 drafters for vLLM/SGLang use 64 heads
+          of 128); vLLM's own MLA drafter (``Eagle3DeepseekV3ForCausalLM``) is not produced;
+        - MLP width: the verifier's *dense* ``intermediate_size`` (Qwen3-MoE, DeepSeek-V3/Kimi-K2:
+          never ``moe_intermediate_size``); a family whose ``intermediate_size`` is per expert
+          and that has no dense MLP (gpt-oss) gets ``experts_per_token x`` that width, the MLP
+          width active per token (gpt-oss-20b: 4 x 2880 = 11520), never one expert's;
+        - rotary exactly the verifier's: type, theta, every scaling parameter (llama3, yarn with
+          its attention factor / mscale) and ``partial_rotary_factor``, applied to the drafter's
+          own heads (neox halves, as the engines' Llama drafter layers do); MLA verifiers rotate
+          only ``qk_rope_head_dim`` of their 192-wide heads, the drafter rotates its whole head;
+        - ``max_position_embeddings`` and ``vocab_size`` are the verifier's; the exported
+          ``tie_word_embeddings`` is always false (the drafter's lm_head is its own, over K ids).
+        """
+        p = profile
+        rope = p.rotary
         values = dict(
-            hidden_size=c.hidden_size, num_attention_heads=heads,
-            num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
-            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
-            intermediate_size=c.intermediate_size, rms_norm_eps=float(c.rms_norm_eps),
-            rope_theta=theta, rope_scaling=scaling,
-            max_position_embeddings=c.max_position_embeddings, vocab_size=c.vocab_size,
-            draft_vocab_size=draft_vocab_size, target_hidden_size=c.hidden_size,
-            aux_layer_ids=tuple(aux_layer_ids))
+            hidden_size=p.hidden_size, num_attention_heads=p.num_attention_heads,
+            num_key_value_heads=p.num_key_value_heads,
+            head_dim=p.mla.v_head_dim if p.mla is not None else p.head_dim,
+            intermediate_size=drafter_mlp_width(p), rms_norm_eps=p.rms_norm_eps,
+            rope_theta=rope.theta,
+            rope_scaling=None if rope.rope_type == "default" else
+            {"rope_type": rope.rope_type, **rope.params},
+            partial_rotary_factor=rope.partial_rotary_factor,
+            max_position_embeddings=p.max_position_embeddings, vocab_size=p.vocab_size,
+            draft_vocab_size=draft_vocab_size, target_hidden_size=p.hidden_size,
+            aux_layer_ids=tuple(aux_layer_ids), verifier_profile=p.to_dict())
         values.update(overrides)
         return cls(**values)
 
     def rotary_config(self) -> LlamaConfig:
         """A LlamaConfig carrying only what transformers' rotary embedding reads."""
-        rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
         return LlamaConfig(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
                            head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
-                           rope_parameters=rope)
+                           rope_parameters=self.rope_parameters())
+
+
+def drafter_mlp_width(p: VerifierProfile) -> int:
+    """The drafter's MLP width for verifier profile ``p`` (rules in
+    :meth:`Eagle3Config.from_profile`); :class:`ConfigError` when neither a dense width nor
+    ``experts_per_token`` is known."""
+    if p.intermediate_size is not None:
+        return p.intermediate_size
+    if p.moe is None or not p.moe.experts_per_token:
+        raise ConfigError(f"verifier {p.model_type}: no dense intermediate_size and no "
+                          f"num_experts_per_tok; the drafter's MLP width cannot be derived")
+    return p.moe.experts_per_token * p.moe.expert_intermediate_size
+
+
+class DraftRotaryEmbedding(LlamaRotaryEmbedding):
+    """transformers' Llama rotary (every rope type of ``ROPE_INIT_FUNCTIONS``, attention factor
+    included) whose *default* type also honours ``partial_rotary_factor``: transformers 5.24's
+    ``LlamaRotaryEmbedding.compute_default_rope_parameters`` spans the whole head, while its
+    scaled types, vLLM ``get_rope`` and SGLang rotate ``int(head_dim * factor)`` dims."""
+
+    @staticmethod
+    def compute_default_rope_parameters(config: LlamaConfig, **kwargs: Any
+                                        ) -> tuple[torch.Tensor, float]:
+        rope = config.rope_parameters
+        dim = int(config.head_dim * rope.get("partial_rotary_factor", 1.0))
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        return 1.0 / (rope["rope_theta"] ** exponents), 1.0
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary on the first ``cos.shape[-1]`` dims of each head, the rest passed through.
+
+    q [B, h, T, d], k [B, kvh, T, d], cos/sin [B, T, rotary_dim] (from transformers'
+    ``LlamaRotaryEmbedding``, scaled by its attention factor). Neox halves (``rotate_half``),
+    as vLLM ``get_rope(is_neox_style=True)`` and SGLang's Llama layer apply it.
+    """
+    rd = cos.shape[-1]
+    if rd == q.shape[-1]:
+        return apply_rotary_pos_emb(q, k, cos, sin)
+    q_rot, k_rot = apply_rotary_pos_emb(q[..., :rd], k[..., :rd], cos, sin)
+    return torch.cat([q_rot, q[..., rd:]], dim=-1), torch.cat([k_rot, k[..., rd:]], dim=-1)
 
 
 class RMSNorm(nn.Module):
@@ -224,7 +325,7 @@ class Eagle3Attention(nn.Module):
         q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        q, k = apply_rotary(q, k, *cos_sin)
         return q, k, v
 
     def out(self, o: torch.Tensor) -> torch.Tensor:
@@ -284,7 +385,7 @@ class Eagle3DraftModel(nn.Module):
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool)
                              if c.draft_vocab_size == c.vocab_size
                              else torch.zeros(c.vocab_size, dtype=torch.bool))
-        self.rotary = LlamaRotaryEmbedding(c.rotary_config())
+        self.rotary = DraftRotaryEmbedding(c.rotary_config())
 
     def fuse_aux(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """aux [B, T, n_aux*Ht] -> h [B, T, H] (step 0's feature input)."""

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from specdraft.core.conventions import vocab_map_problems
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
+from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
 from specdraft.models.eagle3 import AUX_CONVENTION, Eagle3Config, Eagle3DraftModel
 from specdraft.train.config import TrainConfig
@@ -42,23 +43,27 @@ def load_vocab_map(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return d2t, t2d
 
 
-def verifier_hf_config(cfg: TrainConfig, verifier: Any, extract_manifest: Any) -> Any:
-    """The verifier's HF config: from the model object, else ``from_pretrained`` on
-    ``--verifier`` or the extract manifest's ``verifier.path`` (what ``specdraft extract``
-    records)."""
+def verifier_profile(cfg: TrainConfig, verifier: Any, extract_manifest: Any) -> VerifierProfile:
+    """The verifier profile the drafter is shaped from: the one ``specdraft extract`` stored in
+    its manifest, else (online training, manifests from before profiles) resolved from the
+    loaded verifier, or from the config of ``--verifier`` / the extract manifest's
+    ``verifier.path``. :class:`ConfigError` when none is available or the config is not
+    understood (:func:`specdraft.core.profile.resolve_profile`)."""
+    if extract_manifest is not None and extract_manifest.profile is not None:
+        return extract_manifest.profile
+    if verifier is not None:
+        return resolve_profile(verifier.config, model=verifier)
     from transformers import AutoConfig
 
-    if verifier is not None:
-        return verifier.config
     recorded = extract_manifest.verifier if extract_manifest is not None else {}
     path = cfg.verifier or recorded.get("path")
     if not path:
         raise ConfigError("--verifier: needed to read the verifier's config (the extract "
-                          "manifest records no verifier path)")
+                          "manifest records no verifier profile nor path)")
     from specdraft.core.verifier import resolve_verifier
 
     directory, gguf = resolve_verifier(path)
-    return AutoConfig.from_pretrained(directory, gguf_file=gguf)
+    return resolve_profile(AutoConfig.from_pretrained(directory, gguf_file=gguf))
 
 
 def verifier_head(verifier: Any, run_dir: Path) -> dict[str, torch.Tensor]:
@@ -96,13 +101,16 @@ def open_source(cfg: TrainConfig, verifier: Any, env: DistEnv) -> tuple[Any, Any
         {"prepare": input_hash(stage_dir(cfg.run_dir, "prepare"))}
 
 
-def build_drafter(cfg: TrainConfig, hf_config: Any, source: Any, head: dict[str, torch.Tensor],
-                  d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3DraftModel:
-    """A fresh drafter shaped from the verifier, ``embed_tokens`` copied (frozen), d2t/t2d set.
+def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
+                  head: dict[str, torch.Tensor], d2t: torch.Tensor, t2d: torch.Tensor
+                  ) -> Eagle3DraftModel:
+    """A fresh drafter shaped from the verifier's profile (:meth:`Eagle3Config.from_profile`:
+    its shape rules), ``embed_tokens`` copied (frozen), d2t/t2d set; the profile travels in the
+    drafter's config (``train/best``, ``train/last``, checkpoints).
 
     Raises :class:`InputError` when the source's hidden size or vocab size disagree."""
-    config = Eagle3Config.from_verifier(
-        hf_config, draft_vocab_size=d2t.numel(), aux_layer_ids=tuple(source.aux_layer_ids),
+    config = Eagle3Config.from_profile(
+        profile, draft_vocab_size=d2t.numel(), aux_layer_ids=tuple(source.aux_layer_ids),
         attn_impl=cfg.attn_impl, norm_before_residual=cfg.norm_before_residual)
     if source.hidden_size != config.target_hidden_size or t2d.numel() != config.vocab_size:
         raise InputError(f"verifier hidden/vocab {config.target_hidden_size}/"
@@ -146,9 +154,10 @@ def _run(cfg: TrainConfig, env: DistEnv, clock: StageClock, verifier: Any, sourc
     extract_dir = stage_dir(cfg.run_dir, "extract")
     from specdraft.core.manifest import load_stage_manifest
 
-    hf = verifier_hf_config(cfg, verifier, load_stage_manifest(extract_dir))
+    profile = verifier_profile(cfg, verifier,
+                               None if cfg.online else load_stage_manifest(extract_dir))
     head = verifier_head(verifier, cfg.run_dir)
-    drafter = build_drafter(cfg, hf, source, head, d2t, t2d).to(env.device)
+    drafter = build_drafter(cfg, profile, source, head, d2t, t2d).to(env.device)
     objective = TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
                              loss=cfg.loss, oov_policy=cfg.oov_policy)
     lengths = row_lengths(source)

@@ -1,0 +1,58 @@
+"""Train shapes the drafter from the verifier profile (the extract manifest's when stored, never
+the raw HF config), and train/best and train/last carry that profile."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import torch
+
+from specdraft.core.profile import VerifierProfile, resolve_profile
+from specdraft.train.config import TrainConfig
+from specdraft.train.run import build_drafter, run, verifier_profile
+
+
+def cfg(run_dir, **kw) -> TrainConfig:
+    values = dict(run_dir=run_dir, epochs=1, ttt_steps=2, batch_tokens=36 * 4, val_fraction=0.2,
+                  eval_every=2, save_every=100, log_every=1, max_steps=2)
+    values.update(kw)
+    return TrainConfig(**values)
+
+
+def llama3_profile(verifier) -> VerifierProfile:
+    """The verifier's profile with a llama3 rotary: what a stored profile may say that the
+    in-memory HF config does not."""
+    d = resolve_profile(verifier.config, model=verifier).to_dict()
+    d["rotary"] = {**d["rotary"], "rope_type": "llama3",
+                   "params": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 256}}
+    return VerifierProfile.from_dict(d)
+
+
+def test_stored_profile_wins_over_the_raw_config(tmp_path, verifier):
+    stored = llama3_profile(verifier)
+    manifest = SimpleNamespace(profile=stored, verifier={})
+    assert verifier_profile(cfg(tmp_path), verifier, manifest) == stored
+    # no stored profile (online training, older manifests): resolved from the loaded verifier
+    assert verifier_profile(cfg(tmp_path), verifier, SimpleNamespace(profile=None, verifier={})) \
+        == resolve_profile(verifier.config, model=verifier)
+
+
+def test_build_drafter_follows_the_profile(tmp_path, verifier, source):
+    profile = llama3_profile(verifier)
+    d2t = torch.zeros(64, dtype=torch.long)
+    t2d = torch.zeros(verifier.config.vocab_size, dtype=torch.bool)
+    t2d[:64] = True
+    head = {"embed_tokens.weight": verifier.get_input_embeddings().weight.detach()}
+    m = build_drafter(cfg(tmp_path), profile, source, head, d2t, t2d)
+    assert m.config.rope_scaling["rope_type"] == "llama3"
+    assert VerifierProfile.from_dict(m.config.verifier_profile) == profile
+
+
+def test_best_and_last_carry_the_profile(run_dir, verifier, source):
+    run(cfg(run_dir), verifier=verifier, source=source)
+    want = resolve_profile(verifier.config, model=verifier)
+    for name in ("best", "last"):
+        c = json.loads((run_dir / "train" / name / "drafter_config.json").read_text())
+        assert VerifierProfile.from_dict(c["verifier_profile"]) == want
