@@ -1,5 +1,5 @@
 """Tiny random verifiers of every family users serve, built in-process from a config (nothing is
-downloaded): 4 layers, hidden 64, each family's own convention kept (rotary type and scaling,
+downloaded): 6 layers (default aux ids [2, 3, 5], which both engines spell), hidden 64, each family's own convention kept (rotary type and scaling,
 partial rotary, norm gain, MoE, MLA). Used by tests/families and the teacher-check tests."""
 
 from __future__ import annotations
@@ -8,6 +8,11 @@ from typing import Any
 
 import torch
 
+# Sliding-window layers keep their type, but the window is longer than any test sequence: eval's
+# DynamicCache cannot roll back (crop) a sliding layer once its window is full (transformers
+# 5.24 raises), so a 16-token window fails offline eval of prompts longer than 16 tokens.
+SLIDING = 512
+
 FAMILIES = ("llama31", "qwen3", "qwen3_moe", "gemma3", "gpt_oss", "phi3_partial", "deepseek_v3")
 
 
@@ -15,7 +20,7 @@ def tiny_config(family: str, vocab_size: int, **token_ids: Any) -> Any:
     """The HF config of ``family`` (one of :data:`FAMILIES`); ``token_ids``: bos/eos/pad ids."""
     import transformers as tf
 
-    common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=4,
+    common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=6,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                   tie_word_embeddings=False, **token_ids)
     if family == "llama31":  # Llama-3.1's rope: llama3 scaling of a 500k base
@@ -31,17 +36,19 @@ def tiny_config(family: str, vocab_size: int, **token_ids: Any) -> Any:
                                  decoder_sparse_step=1)
     if family == "gemma3":  # norm gain stored as an offset from 1: (1 + w) * x / rms(x)
         return tf.Gemma3TextConfig(**common, intermediate_size=128, head_dim=16,
-                                   sliding_window=16, query_pre_attn_scalar=16)
+                                   sliding_window=SLIDING, query_pre_attn_scalar=16)
     if family == "gpt_oss":  # YaRN rotary, attention sinks, MoE, alternating sliding window
         return tf.GptOssConfig(**common, intermediate_size=64, head_dim=16,
-                               num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+                               num_local_experts=4, num_experts_per_tok=2,
+                               sliding_window=SLIDING,
                                rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0,
                                                 "factor": 32.0, "beta_fast": 32.0,
                                                 "beta_slow": 1.0, "truncate": False,
                                                 "original_max_position_embeddings": 128})
     if family == "phi3_partial":  # rotary on half of each head (partial_rotary_factor 0.5)
         return tf.Phi3Config(**common, intermediate_size=128, partial_rotary_factor=0.5)
-    if family == "deepseek_v3":  # MLA (low-rank q / kv, split rope dims) + routed MoE
+    if family == "deepseek_v3":  # MLA (low-rank q / kv, split rope dims) + routed MoE;
+        common["num_key_value_heads"] = 4  # MLA has one k/v per head, as DeepSeek-V3 ships
         return tf.DeepseekV3Config(**common, intermediate_size=128, moe_intermediate_size=32,
                                    n_routed_experts=4, num_experts_per_tok=2,
                                    n_shared_experts=1, first_k_dense_replace=1, n_group=1,
