@@ -248,3 +248,44 @@ def test_qwen3_template_renders_as_qwen3(qwen3_tokenizer_dir):
                            "<think>\n\n</think>\n\n")
     assert tok.apply_chat_template(chat[:2], tokenize=False, add_generation_prompt=True) \
         .endswith("<|im_start|>assistant\n")
+
+
+def test_planted_zero_rows_refused_by_train_cli_and_doctor(family_run, tmp_path, capsys):
+    """One extracted row's aux layer zeroed on disk (as a broken extraction path writes it):
+    `specdraft train` exits 2 with one line naming the row and layer, writes no manifest;
+    the doctor's teacher check fails on the same run directory."""
+    from safetensors.torch import load_file, save_file
+
+    from specdraft.doctor.config import DoctorConfig
+    from specdraft.doctor.run import run as doctor
+
+    family, run_dir, verifier, model = family_run
+    if family != "llama31":
+        pytest.skip("planted once, on the Llama-3.1 run")
+    bad = tmp_path / "run"
+    for stage in ("prepare", "vocab", "extract", "train", "export"):
+        shutil.copytree(run_dir / stage, bad / stage, ignore=shutil.ignore_patterns(".lock"))
+    entry = json.loads((bad / "extract" / "index.jsonl").read_text().splitlines()[4])
+    shard = bad / "extract" / entry["shard"]
+    tensors = load_file(str(shard))
+    start, H = entry["tok"], 64
+    tensors["aux"][start:start + entry["seq_len"], H:2 * H] = 0  # aux id 3 of that row
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    report = doctor(DoctorConfig(target=bad, verifier=str(verifier)), verifier=model)
+    (check,) = [c for c in report["checks"] if c["name"].startswith("stored teacher")]
+    assert not check["ok"]
+    assert f"row {entry['key']} aux id 3: {entry['seq_len']} of {entry['seq_len']} tokens " \
+           f"all-zero" in check["detail"]
+    shutil.rmtree(bad / "train")
+    from specdraft.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:  # the real `specdraft` entry point
+        main(["train", "--run-dir", str(bad), "--verifier", str(verifier), "--max-steps", "1"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("specdraft: error: ") and "Traceback" not in err
+    assert f"row {entry['key']} aux id 3: {entry['seq_len']} of {entry['seq_len']} tokens " \
+           f"all-zero" in last
+    assert not (bad / "train" / "manifest.json").exists()
