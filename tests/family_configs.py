@@ -16,22 +16,26 @@ SLIDING = 512
 FAMILIES = ("llama31", "qwen3", "qwen3_moe", "gemma3", "gpt_oss", "phi3_partial", "deepseek_v3")
 
 
-def tiny_config(family: str, vocab_size: int, **token_ids: Any) -> Any:
-    """The HF config of ``family`` (one of :data:`FAMILIES`); ``token_ids``: bos/eos/pad ids."""
+def tiny_config(family: str, vocab_size: int, **fields: Any) -> Any:
+    """The HF config of ``family`` (one of :data:`FAMILIES`); ``fields``: bos/eos/pad ids and
+    any field to override (e.g. ``head_dim`` 32 for vLLM's CPU attention)."""
     import transformers as tf
 
     common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=6,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                  tie_word_embeddings=False, **token_ids)
+                  tie_word_embeddings=False)
+    extra = {k: v for k, v in fields.items() if k in ("head_dim", "intermediate_size")}
+    common.update({k: v for k, v in fields.items() if k not in extra})
     if family == "llama31":  # Llama-3.1's rope: llama3 scaling of a 500k base
         return tf.LlamaConfig(**common, intermediate_size=128, rope_parameters={
             "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 512})
     if family == "qwen3":
-        return tf.Qwen3Config(**common, intermediate_size=128, head_dim=16)
+        return tf.Qwen3Config(**common, **{"intermediate_size": 128, "head_dim": 16, **extra})
     if family == "qwen3_moe":  # per-expert width 32, narrower than hidden 64
-        return tf.Qwen3MoeConfig(**common, intermediate_size=128, head_dim=16, num_experts=4,
+        return tf.Qwen3MoeConfig(**common, **{"intermediate_size": 128, "head_dim": 16, **extra},
+                                 num_experts=4,
                                  num_experts_per_tok=2, moe_intermediate_size=32,
                                  decoder_sparse_step=1)
     if family == "gemma3":  # norm gain stored as an offset from 1: (1 + w) * x / rms(x)
@@ -59,14 +63,14 @@ def tiny_config(family: str, vocab_size: int, **token_ids: Any) -> Any:
 
 @torch.no_grad()
 def tiny_model(family: str, vocab_size: int, *, seed: int = 0, sharpen: float = 20.0,
-               **token_ids: Any) -> Any:
+               **fields: Any) -> Any:
     """A random ``family`` causal LM in fp32, eval mode, with every RMSNorm weight randomised
     (so a norm applied with the wrong gain or skipped changes the result) and ``lm_head``
     scaled by ``sharpen`` (a peaked teacher, as trained verifiers have)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size, **token_ids))
+    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size, **fields))
     for name, p in model.named_parameters():
         if "norm" in name and p.dim() == 1:
             p.copy_(torch.randn_like(p) * 0.3 + (0.0 if family == "gemma3" else 1.0))

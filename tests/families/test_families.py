@@ -61,12 +61,14 @@ def qwen3_tokenizer_dir(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
     return out
 
 
-def save_verifier(out: Path, family: str, tokenizer_dir: Path) -> Path:
+def save_verifier(out: Path, family: str, tokenizer_dir: Path, **fields) -> Path:
+    """:func:`tiny_model` of ``family`` (``fields`` override its config) with the tokenizer of
+    ``tokenizer_dir``, saved as an HF directory."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     model = tiny_model(family, len(tok), bos_token_id=tok.bos_token_id,
-                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **fields)
     model.save_pretrained(out)
     for f in Path(tokenizer_dir).iterdir():
         shutil.copy(f, out / f.name)
