@@ -17,25 +17,32 @@ FAMILIES = ("llama31", "qwen3", "qwen3_moe", "gemma3", "gpt_oss", "phi3_partial"
 
 
 def tiny_config(family: str, vocab_size: int, **fields: Any) -> Any:
-    """The HF config of ``family`` (one of :data:`FAMILIES`); ``fields``: bos/eos/pad ids and
-    any field to override (e.g. ``head_dim`` 32 for vLLM's CPU attention)."""
+    """The HF config of ``family`` (one of :data:`FAMILIES`); ``fields``: bos/eos/pad ids, and
+    any other field set on the config afterwards (e.g. ``head_dim=32`` for vLLM's CPU
+    attention)."""
     import transformers as tf
 
+    token_ids = {k: v for k, v in fields.items() if k.endswith("_token_id")}
     common = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=6,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                  tie_word_embeddings=False)
-    extra = {k: v for k, v in fields.items() if k in ("head_dim", "intermediate_size")}
-    common.update({k: v for k, v in fields.items() if k not in extra})
+                  tie_word_embeddings=False, **token_ids)
+    config = _family_config(tf, family, common)
+    for name, value in fields.items():
+        if name not in token_ids:
+            setattr(config, name, value)
+    return config
+
+
+def _family_config(tf: Any, family: str, common: dict[str, Any]) -> Any:
     if family == "llama31":  # Llama-3.1's rope: llama3 scaling of a 500k base
         return tf.LlamaConfig(**common, intermediate_size=128, rope_parameters={
             "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 512})
     if family == "qwen3":
-        return tf.Qwen3Config(**common, **{"intermediate_size": 128, "head_dim": 16, **extra})
+        return tf.Qwen3Config(**common, intermediate_size=128, head_dim=16)
     if family == "qwen3_moe":  # per-expert width 32, narrower than hidden 64
-        return tf.Qwen3MoeConfig(**common, **{"intermediate_size": 128, "head_dim": 16, **extra},
-                                 num_experts=4,
+        return tf.Qwen3MoeConfig(**common, intermediate_size=128, head_dim=16, num_experts=4,
                                  num_experts_per_tok=2, moe_intermediate_size=32,
                                  decoder_sparse_step=1)
     if family == "gemma3":  # norm gain stored as an offset from 1: (1 + w) * x / rms(x)

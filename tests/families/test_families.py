@@ -8,6 +8,7 @@ greedy decoding; the doctor's teacher check passes on the run directory."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sys
@@ -27,6 +28,14 @@ pytestmark = pytest.mark.slow
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()
 QWEN3_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
                 "</tool_response>"]
+
+
+@functools.lru_cache(maxsize=None)
+def tokenizer_of(verifier: Path):
+    """The verifier's tokenizer, loaded once per directory."""
+    from specdraft.core.verifier import load_tokenizer
+
+    return load_tokenizer(verifier)
 
 
 def conversations(path: Path, n: int, reasoning: bool) -> Path:
@@ -154,13 +163,12 @@ def test_export_loads_back_with_the_trained_tensors(family_run):
 
 def test_eval_counts_add_up_and_greedy_equals_plain_decoding(family_run):
     from specdraft.core.chat import run_chat_format
-    from specdraft.core.verifier import load_tokenizer
     from specdraft.eval.prompts import load_prompts, render
 
     _, run_dir, verifier, model = family_run
     results = json.loads((run_dir / "eval" / "results.json").read_text())
     assert results["mode"] == "offline" and len(results["prompts"]) == 2
-    tok = load_tokenizer(verifier)
+    tok = tokenizer_of(verifier)
     fmt = run_chat_format(run_dir)
     for p, prompt in zip(results["prompts"], load_prompts("builtin:demo_eval", 2)):
         assert sum(p["per_position_accepted"]) == p["accepted"] <= p["drafted"]
@@ -192,14 +200,13 @@ def test_think_markers_and_supervised_think_block(family_run):
     import datasets
 
     from specdraft.core.chat import run_chat_format
-    from specdraft.core.verifier import load_tokenizer
 
     family, run_dir, verifier, _ = family_run
     fmt = run_chat_format(run_dir)
     if not family.startswith("qwen3"):
         assert fmt.think is None
         return
-    tok = load_tokenizer(verifier)
+    tok = tokenizer_of(verifier)
     opener, closer = tok.convert_tokens_to_ids(["<think>", "</think>"])
     assert (fmt.think.opener, fmt.think.closer) == ("<think>", "</think>")
     assert (fmt.think.opener_id, fmt.think.closer_id) == (opener, closer)
