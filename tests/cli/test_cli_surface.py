@@ -51,6 +51,7 @@ OTHER_PROGRAMS = {
     "--hf-dir": "benchmarks/bench_extract.py (README)",
     "--batch-sizes": "benchmarks/bench_eval.py (README)",
     "--threads": "benchmarks/bench_eval.py (README)",
+    "--rows": "benchmarks/teacher_gap.py (README)",
     "--host": "sglang.launch_server / vllm's api_server (eval/sglang.py, tests)",
     "--port": "sglang.launch_server / vllm's api_server (eval/sglang.py, tests)",
     "--fc": "not a flag: the `--fc-->` arrow of the diagram in models/eagle3.py",

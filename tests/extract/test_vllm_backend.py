@@ -149,3 +149,44 @@ def test_engine_replicas_take_the_torchrun_plan(tmp_path, tiny_model, monkeypatc
     assert sorted(seen[0] + seen[1]) == list(range(14))
     entries = run_mod._merge_index(out, 2, 14)  # every row exactly once, dataset order
     assert {e["shard"].split("/")[1][:9] for e in entries} == {"rank00000", "rank00001"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_final_norm_follows_each_gain_convention(dtype):
+    """final_norm equals transformers' own norm module bit for bit: LlamaRMSNorm for ``w``,
+    Gemma3RMSNorm for ``1+w`` (the oracle); the other convention differs."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    x = (torch.randn(5, 64) * 7).to(dtype)
+    w = torch.randn(64) * 0.3
+    gemma, llama = Gemma3RMSNorm(64, eps=1e-6), LlamaRMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        gemma.weight.copy_(w)
+        llama.weight.copy_(1 + w)
+        llama.to(dtype)
+    with torch.no_grad():
+        assert torch.equal(final_norm(x, w, 1e-6, "1+w"), gemma(x))
+        assert torch.equal(final_norm(x, (1 + w).to(dtype), 1e-6, "w"), llama(x))
+        assert not torch.allclose(final_norm(x, w.to(dtype), 1e-6, "w"), gemma(x), atol=1e-2)
+    with pytest.raises(ConfigError, match="final norm gain 'x'"):
+        final_norm(x, w, 1e-6, "x")
+
+
+def test_engine_verifier_gain_from_model_type(tmp_path):
+    """load_engine_verifier takes the gain from model_type and refuses an unknown family."""
+    import json
+
+    from specdraft.extract.vllm_backend import load_engine_verifier
+
+    H, V = 8, 16
+    save_file({"model.embed_tokens.weight": torch.zeros(V, H), "lm_head.weight": torch.zeros(V, H),
+               "model.norm.weight": torch.zeros(H)}, str(tmp_path / "model.safetensors"))
+    for model_type, gain in (("gemma3_text", "1+w"), ("qwen3", "w")):
+        (tmp_path / "config.json").write_text(json.dumps({
+            "model_type": model_type, "num_hidden_layers": 2, "hidden_size": H}))
+        assert load_engine_verifier(tmp_path, torch.float32).norm_gain == gain
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mystery", "hidden_size": H}))
+    with pytest.raises(ConfigError, match="model_type 'mystery' has no known final-norm gain"):
+        load_engine_verifier(tmp_path, torch.float32)

@@ -64,9 +64,9 @@ def test_each_stage_gets_the_verifier_its_section_asks_for(tmp_path, recorder):
     stream = io.StringIO()
     run(config(tmp_path, eval={"dtype": "bfloat16"}), stream=stream)
     got = {name: v for name, v in recorder if v is not None}
-    assert sorted(got) == ["eval", "extract", "generate"]   # train is offline: no verifier
+    assert sorted(got) == ["eval", "extract", "generate", "train"]  # train: its teacher check
     gen_model, _ = got["generate"]
-    assert got["extract"] is gen_model                        # equal settings: one model
+    assert got["extract"] is gen_model and got["train"] is gen_model  # equal settings: one model
     assert gen_model.spec == VerifierSpec(path="/models/v", dtype="float32", device="cpu")
     assert got["eval"].spec.dtype == "bfloat16"               # eval's own setting is honoured
     assert "eval: loading the verifier its own way (dtype float32 -> bfloat16)" in \

@@ -276,12 +276,15 @@ class TrainManifest(Manifest):
     best_val: dict[str, Any] | None = None
     tokens_per_s: float = 0.0
     drafter_config: dict[str, Any]
+    teacher_check: dict[str, Any] | None = None  # specdraft.train.teacher_check.TeacherReport
 
     def figures(self) -> str:
         best = self.best_val or {}
+        check = self.teacher_check or {}
+        teacher = f", teacher check {check['status']}" if check.get("status") else ""
         return (f"{self.steps} steps, best validation tau-hat {best.get('tau', 0):.3f} "
                 f"(step {self.best_step}), conditional acc per step "
-                f"{_rates(best.get('cond_acc', []))}, {self.tokens_per_s:.0f} tokens/s")
+                f"{_rates(best.get('cond_acc', []))}, {self.tokens_per_s:.0f} tokens/s{teacher}")
 
 
 class ExportManifest(Manifest):

@@ -4,7 +4,8 @@ They target the silent failures of deployed drafters (server healthy, acceptance
 shape or vocabulary that belongs to another verifier, aux ids an engine reads differently, a
 missing or broken ``d2t``, an embedding that is not the verifier's, ``norm_before_residual``
 left to a loader default, a short ``max_position_embeddings``, a chat template changed since
-``prepare``, think markers split into several tokens.
+``prepare``, think markers split into several tokens, a stored teacher that is not the
+verifier's own distribution (or all-zero / out-of-band hidden states).
 """
 
 from __future__ import annotations
@@ -224,6 +225,30 @@ def check_think_tokens(s: Subject) -> Check:
                  "was trained), or drop them from the template; then re-run prepare")
 
 
+def check_teacher(s: Subject) -> Check:
+    """The stored teacher of a few ``RUN/extract`` rows equals a fresh forward of this verifier
+    and the rows' hidden states are in band (:mod:`specdraft.train.teacher_check`, the check
+    train runs before its first step)."""
+    name = "stored teacher = the verifier's own distribution, hidden states in band"
+    if s.run_dir is None or s.extract is None or not (s.run_dir / "vocab").exists() \
+            or not (s.run_dir / "extract" / "index.jsonl").exists():
+        return Check(name, True, "no RUN/extract rows and RUN/vocab: not applicable")
+    from specdraft.extract.source import DiskSource, load_verifier_head
+    from specdraft.train import teacher_check as tc
+    from specdraft.train.data import Collator
+    from specdraft.train.run import load_vocab_map
+
+    extract = s.run_dir / "extract"
+    d2t, _ = load_vocab_map(s.run_dir)
+    device = s.verifier.get_input_embeddings().weight.device
+    collator = Collator(load_verifier_head(extract)["lm_head.weight"], d2t, device)
+    report = tc.check_teacher(DiskSource(extract), collator, s.verifier,
+                              storage=s.extract.storage.format)
+    return Check(name, report.status == "passed", report.line(),
+                 "re-run `specdraft extract` with this verifier (the final state must be the "
+                 "output of its own final norm; no all-zero rows), then train again")
+
+
 CHECKS: list[Callable[[Subject], Check]] = [
     check_shapes, check_aux_ids, check_vocab, check_embed, check_norm_before_residual,
-    check_max_positions, check_chat_template, check_think_tokens]
+    check_max_positions, check_chat_template, check_think_tokens, check_teacher]

@@ -12,8 +12,9 @@ Conventions (vLLM 0.32; tested in ``tests/extract/test_vllm_equivalence.py``): v
 ``k`` = HF ``hidden_states[k]`` for ``k < N``; id ``N`` is the last decoder layer's output
 *before* the final norm (``vllm/model_executor/models/llama.py`` appends it before
 ``self.norm``). specdraft's aux id ``N`` and the final hidden state are defined after the final
-norm, so :func:`final_norm` (the verifier's own RMSNorm weight and eps) is applied here, exactly
-once, to the engine's id-``N`` state.
+norm, so :func:`final_norm` (the verifier's own RMSNorm weight, eps and gain convention,
+:func:`specdraft.core.profile.norm_gain`: ``(1 + w)`` for Gemma) is applied here, exactly once, to
+the engine's id-``N`` state.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ import torch
 
 from specdraft.core.conventions import supervised_mask
 from specdraft.core.errors import ConfigError, InputError, SpecdraftError
+from specdraft.core.profile import NormGain, norm_gain
 from specdraft.core.verifier import vllm_python
 from specdraft.extract.capture import Packed
 from specdraft.extract.storage import Codec, encode
 from specdraft.extract.vllm_worker import done_path, spool_path
 
-FINAL_STATE = ("post_norm (applied by specdraft to the engine's pre-norm state: vLLM layer id N "
-               "is the last layer's output before the final norm)")
+FINAL_STATE = ("post_norm (applied by specdraft to the engine's pre-norm state, with the "
+               "verifier's norm gain convention: vLLM layer id N is the last layer's output "
+               "before the final norm)")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -54,7 +57,8 @@ class EngineVerifier:
     """What this process needs of a verifier served by vLLM (its weights stay on disk).
 
     ``head``: ``lm_head.weight`` and ``embed_tokens.weight`` ``[V, H]`` in ``dtype``;
-    ``norm_weight`` ``[H]`` and ``eps``: the final RMSNorm; ``hf_dir``: what the engine loads.
+    ``norm_weight`` ``[H]``, ``eps`` and ``norm_gain`` (``"w"`` or ``"1+w"``): the final RMSNorm;
+    ``hf_dir``: what the engine loads.
     """
 
     hf_dir: Path
@@ -65,6 +69,7 @@ class EngineVerifier:
     head: dict[str, torch.Tensor]
     norm_weight: torch.Tensor
     eps: float
+    norm_gain: NormGain = "w"
 
 
 def _text_config(hf_dir: Path) -> dict[str, Any]:
@@ -100,14 +105,13 @@ def _read_tensors(hf_dir: Path, wanted: dict[str, str]) -> dict[str, torch.Tenso
 def load_engine_verifier(hf_dir: Path, dtype: torch.dtype) -> EngineVerifier:
     """Read the verifier's config, head and final norm from an HF directory.
 
-    Raises :class:`ConfigError` for a verifier whose final norm is not ``w * x / rms(x)``
-    (Gemma's ``(1 + w)``) or whose head/norm tensors are missing.
+    The final norm's gain convention comes from ``model_type``
+    (:func:`specdraft.core.profile.norm_gain`). Raises :class:`ConfigError` for a ``model_type``
+    whose convention is unknown or whose head/norm tensors are missing.
     """
     config = _text_config(hf_dir)
     model_type = str(config.get("model_type", ""))
-    if model_type.startswith("gemma"):
-        raise ConfigError(f"--backend vllm: {model_type} verifiers use a (1 + w) final norm, "
-                          f"which specdraft does not apply; use --backend transformers")
+    gain = norm_gain(model_type)
     t = _read_tensors(hf_dir, {"embed": "embed_tokens.weight", "lm_head": "lm_head.weight",
                                "norm": "model.norm.weight"})
     if "lm_head" not in t and config.get("tie_word_embeddings", False):
@@ -121,7 +125,7 @@ def load_engine_verifier(hf_dir: Path, dtype: torch.dtype) -> EngineVerifier:
                           hidden_size=int(config["hidden_size"]), dtype=dtype,
                           architecture=(config.get("architectures") or [model_type])[0],
                           head=head, norm_weight=t["norm"].to(dtype),
-                          eps=float(config.get("rms_norm_eps", 1e-6)))
+                          eps=float(config.get("rms_norm_eps", 1e-6)), norm_gain=gain)
 
 
 def engine_dtype(config: Any) -> torch.dtype:
@@ -139,15 +143,24 @@ def verifier_hf_dir(config: Any) -> Path:
     return engine_hf_dir(config.verifier, config.run_dir)
 
 
-def final_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The verifier's final RMSNorm on ``x`` ``[..., H]``: ``w * (x / sqrt(mean(x²) + eps))``.
+def final_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gain: NormGain = "w"
+               ) -> torch.Tensor:
+    """The verifier's final RMSNorm on ``x`` ``[..., H]``: ``g * (x / sqrt(mean(x²) + eps))``
+    with ``g = w`` (``gain="w"``) or ``g = 1 + w`` (``"1+w"``, Gemma: the checkpoint stores the
+    gain as an offset from 1).
 
-    Computed in fp32 and cast back to ``x``'s dtype before the weight multiply, in the order of
-    transformers' ``LlamaRMSNorm`` so that fp32 and bf16 results match the HF verifier.
+    In the rounding order of the HF verifier, so that fp32 and bf16 results match it: ``"w"`` as
+    transformers' ``LlamaRMSNorm`` (normalise in fp32, cast to ``x``'s dtype, then multiply by
+    the weight); ``"1+w"`` as ``Gemma3RMSNorm`` (multiply by ``1 + w`` in fp32, then cast).
+    Raises :class:`ConfigError` for another ``gain``.
     """
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight.to(x.dtype) * xf.to(x.dtype)
+    if gain == "w":
+        return weight.to(x.dtype) * xf.to(x.dtype)
+    if gain == "1+w":
+        return (xf * (1.0 + weight.float())).to(x.dtype)
+    raise ConfigError(f"final norm gain {gain!r}: expected 'w' or '1+w'")
 
 
 # ---------------------------------------------------------------- engine ids and conversion
@@ -167,7 +180,8 @@ def to_packed(hidden: torch.Tensor, loss_mask: Sequence[int], aux_ids: Sequence[
     """
     N = verifier.n_layers
     col = {k: j for j, k in enumerate(ids)}
-    normed = final_norm(hidden[:, col[N]], verifier.norm_weight, verifier.eps)  # [T, H]
+    normed = final_norm(hidden[:, col[N]], verifier.norm_weight, verifier.eps,
+                        verifier.norm_gain)  # [T, H]
     aux = torch.stack([normed if a == N else hidden[:, col[a]] for a in aux_ids], dim=1)
     mask = torch.as_tensor(list(loss_mask), dtype=torch.uint8)
     sup = supervised_mask(mask)  # [T]

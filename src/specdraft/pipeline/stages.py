@@ -62,7 +62,8 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("extract", "specdraft.extract.config:ExtractConfig",
               "specdraft.extract.run:run", ("prepare",), lambda c: True),
     StageSpec("train", "specdraft.train.config:TrainConfig",
-              "specdraft.train.run:run", ("extract", "vocab"), lambda c: bool(c.online)),
+              "specdraft.train.run:run", ("extract", "vocab"),
+              lambda c: bool(c.online) or c.teacher_check),  # the check's fresh forward
     StageSpec("export", "specdraft.export.config:ExportConfig",
               "specdraft.export.run:run", ("train",), lambda c: False),
     StageSpec("eval", "specdraft.eval.config:EvalConfig",

@@ -73,6 +73,11 @@ class TrainConfig(StageConfig):
     aux_layers: tuple[int, ...] | None = Field(
         None, description="--online: aux layer ids, comma-separated (none: 2,N//2,N-3); "
                           "offline, RUN/extract's ids are used.")
+    teacher_check: bool = Field(True, description="Before training, compare the stored teacher "
+                                                  "of a few rows with a fresh verifier forward "
+                                                  "and refuse out-of-band hidden states.")
+    teacher_check_rows: int = Field(4, ge=1, description="Rows the teacher check runs the "
+                                                         "verifier on.")
     resume: bool = Field(False, description="Continue from the newest readable checkpoint.")
     overwrite: bool = Field(False, description="Delete RUN/train and start over.")
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.core.conventions import vocab_map_problems
-from specdraft.core.errors import ConfigError, InputError
+from specdraft.core.errors import ConfigError, InputError, SpecdraftError
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
@@ -125,6 +125,50 @@ def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
     return model
 
 
+def teacher_verifier(cfg: TrainConfig, verifier: Any, extract_manifest: Any, env: DistEnv
+                     ) -> tuple[Any, str]:
+    """``(model, "")`` for the teacher check's fresh forward — the loaded verifier, else
+    ``--verifier`` or the extract manifest's ``verifier.path`` loaded in transformers — or
+    ``(None, why)`` when none can be loaded (no path; an architecture transformers does not
+    run, e.g. a vLLM-only model)."""
+    if verifier is not None:
+        return verifier, ""
+    recorded = extract_manifest.verifier if extract_manifest is not None else {}
+    path = cfg.verifier or recorded.get("path")
+    if not path:
+        return None, "no verifier to compare with (pass --verifier)"
+    from specdraft.core.verifier import load_verifier
+
+    try:
+        return load_verifier(path, dtype=cfg.dtype, device=str(env.device)), ""
+    except (SpecdraftError, OSError, ValueError, KeyError, ImportError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return None, f"the verifier {path} does not load in transformers " \
+                     f"({type(err).__name__}: {first[:200]})"
+
+
+def preflight_teacher(cfg: TrainConfig, verifier: Any, data: Data, env: DistEnv) -> dict:
+    """The teacher check (:mod:`specdraft.train.teacher_check`) before any step; returns its
+    report for the manifest. Raises :class:`InputError` naming the rows when it fails."""
+    from specdraft.core.manifest import load_stage_manifest
+    from specdraft.train import teacher_check as tc
+
+    if not cfg.teacher_check:
+        return tc.TeacherReport("skipped", reason="--no-teacher-check").to_dict()
+    extract = load_stage_manifest(stage_dir(cfg.run_dir, "extract")) if not cfg.online else None
+    codec = getattr(data.source, "codec", None)
+    storage = extract.storage.format if extract is not None else getattr(codec, "name", "fp32")
+    model, why = teacher_verifier(cfg, verifier, extract, env)
+    report = tc.check_teacher(data.source, data.collate, model, storage=storage,
+                              teacher_rows=cfg.teacher_check_rows, seed=cfg.seed,
+                              skip_reason=why)
+    if env.is_main:
+        print(f"train: {report.line()}", flush=True)
+    if report.status == "failed":
+        raise InputError(tc.refusal(report, str(stage_dir(cfg.run_dir, "extract"))))
+    return report.to_dict()
+
+
 def run(config: TrainConfig, verifier: Any = None, source: Any = None) -> dict[str, Any]:
     """Train a drafter; returns the manifest (on every rank; only rank 0 writes files).
 
@@ -164,13 +208,14 @@ def _run(cfg: TrainConfig, env: DistEnv, clock: StageClock, verifier: Any, sourc
     train_idx, val_idx = split_indices(source.keys(), cfg.val_fraction, cfg.seed)
     data = Data(source, Collator(head["lm_head.weight"], d2t, env.device), train_idx, val_idx,
                 lengths)
+    teacher = preflight_teacher(cfg, verifier, data, env)
     trainer = Trainer(cfg, env, objective, wrap(objective, env, cfg.parallel), data, out)
     figures = fit(trainer, resume=cfg.resume)
     counts = {"rows": len(lengths), "rows_train": len(train_idx), "rows_val": len(val_idx),
               "tokens_train": sum(lengths[i] for i in train_idx)}
     extra = {**figures, "world_size": env.world_size, "parallel": cfg.parallel,
              "device": str(env.device), "drafter_config": drafter.config.to_dict(),
-             "aux_convention": AUX_CONVENTION}
+             "aux_convention": AUX_CONVENTION, "teacher_check": teacher}
     manifest = {"counts": counts, **extra}
     if env.is_main:
         manifest = write_manifest(out, stage="train", config=cfg, clock=clock, inputs=inputs,
