@@ -67,3 +67,21 @@ def test_config_round_trip(fmt):
     c = cfg(aux_layer_ids=(2, 9, 20), norm_before_residual=True)
     back = drafter_config_from_export(build_config(fmt, c, verifier_name="x"), fmt)
     assert back.to_dict() == {**c.to_dict(), "attn_impl": back.attn_impl}
+
+
+def test_rotary_read_from_rope_parameters_alone_and_never_guessed():
+    """A speculators checkpoint written by transformers 5 keeps the base only in
+    `rope_parameters` (speculators' own trainer does): it is read from there, with its scaling;
+    a layer config with no base anywhere is refused (KeyError), not read as 10000."""
+    c = cfg(rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                               "original_max_position_embeddings": 8192})
+    out = build_config("speculators", c, verifier_name="x")
+    layer = out["transformer_layer_config"]
+    for key in ("rope_theta", "rope_scaling", "partial_rotary_factor"):
+        layer.pop(key, None)
+    back = drafter_config_from_export(out, "speculators")
+    assert back.rope_theta == 500000.0 and back.rope_scaling == c.rope_scaling
+    layer.pop("rope_parameters")
+    with pytest.raises(KeyError, match="rope_theta"):
+        drafter_config_from_export(out, "speculators")

@@ -291,12 +291,17 @@ def drafter_config_from_export(cfg: dict[str, Any], fmt: str) -> Eagle3Config:
     ids = FORMAT_SPECS[fmt].read_hf_ids(cfg)
     if ids is None:
         raise KeyError("eagle_aux_hidden_state_layer_ids")
+    if "rope_theta" not in layer and "rope_theta" not in (layer.get("rope_parameters") or {}):
+        raise KeyError("rope_theta")  # never a guessed base: 10000 is wrong for most verifiers
+    rope = engine_rope_read(layer, "vllm" if layer.get("rope_parameters") else "sglang")
+    theta = float(rope.pop("rope_theta"))
+    partial = float(rope.pop("partial_rotary_factor", 1.0))
+    scaling = rope if rope.get("rope_type", "default") != "default" else None
     return Eagle3Config(
         hidden_size=layer["hidden_size"], num_attention_heads=layer["num_attention_heads"],
         num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
         intermediate_size=layer["intermediate_size"], rms_norm_eps=layer["rms_norm_eps"],
-        rope_theta=layer.get("rope_theta", 10000.0), rope_scaling=layer.get("rope_scaling"),
-        partial_rotary_factor=layer.get("partial_rotary_factor", 1.0),
+        rope_theta=theta, rope_scaling=scaling, partial_rotary_factor=partial,
         max_position_embeddings=layer["max_position_embeddings"],
         vocab_size=layer["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"],
         target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],
