@@ -1,10 +1,15 @@
 """Foundation: atomic writes, torn-tail repair, run-directory rules, config errors, manifests."""
 
 import json
+import subprocess
+import sys
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
-from specdraft.core.atomic import atomic_open, atomic_write_json
+from specdraft.core.atomic import (atomic_open, atomic_save_safetensors, atomic_write_json,
+                                   remove_stale_tmp)
 from specdraft.core.config import StageConfig
 from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
@@ -26,6 +31,29 @@ def test_atomic_open_leaves_old_file_on_error(tmp_path):
             raise RuntimeError("boom")
     assert json.loads(path.read_text()) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_safetensors_killed_mid_write_leaves_only_a_removable_staging_dir(tmp_path):
+    """safetensors >= 0.7 writes through its own ``.tmpXXXXXX`` next to the target (seen in CI
+    after a kill -9); here that file is made and the writer dies, as ``kill -9`` would."""
+    script = f"""
+import os, pathlib, safetensors.torch, torch
+from specdraft.core.atomic import atomic_save_safetensors
+def dying_save(tensors, filename, metadata=None):
+    pathlib.Path(filename).parent.joinpath(".tmpAb12Cd").write_bytes(b"half")
+    os._exit(9)
+safetensors.torch.save_file = dying_save
+atomic_save_safetensors({{"x": torch.zeros(4)}}, pathlib.Path({str(tmp_path)!r}) / "s.safetensors")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 9, done.stderr
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == 1 and left[0].startswith("s.safetensors.tmp-"), left
+    assert [p.name for p in remove_stale_tmp(tmp_path)] == left
+    assert list(tmp_path.iterdir()) == []
+    atomic_save_safetensors({"x": torch.arange(3)}, tmp_path / "s.safetensors")
+    assert [p.name for p in tmp_path.iterdir()] == ["s.safetensors"]
+    assert torch.equal(load_file(tmp_path / "s.safetensors")["x"], torch.arange(3))
 
 
 def test_torn_tail_is_cut(tmp_path):

@@ -107,6 +107,9 @@ def test_resume_distrusts_torn_index_orphans_and_temp_files(tmp_path, tiny_model
     shards[1].write_bytes(shards[1].read_bytes()[:50])  # listed but unreadable
     (out / "shards" / "rank00000-000099.safetensors").write_bytes(b"orphan")
     (out / "shards" / "rank00000-000002.safetensors.tmp-123").write_bytes(b"half")
+    staging = out / "shards" / "rank00000-000003.safetensors.tmp-456"  # atomic_save_safetensors'
+    staging.mkdir()
+    (staging / ".tmpAb12Cd").write_bytes(b"half")  # safetensors' own temp file inside it
     (out / "manifest.json").unlink()
     m = run(ExtractConfig(**cfg, resume=True), verifier=tiny_model)
     assert m["throughput"][0]["shards_resumed"] == n_shards - 2

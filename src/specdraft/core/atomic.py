@@ -101,6 +101,39 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(tmp)
 
 
+def atomic_save_safetensors(tensors: dict[str, Any], path: str | os.PathLike,
+                            metadata: dict[str, str] | None = None) -> None:
+    """Write ``tensors`` (name → contiguous CPU :class:`torch.Tensor`) to the safetensors file
+    ``path`` atomically and durably (fsynced file and directory).
+
+    The file is written inside a private staging directory, ``tmp_name(path)``, then renamed into
+    place. The directory matters: safetensors ≥ 0.7 itself writes through a temp file
+    (``.tmpXXXXXX``) next to its target, which a ``kill -9`` leaves behind under a name no
+    cleanup here could attribute to a writer; inside the staging directory it is removed with the
+    directory by whoever cleans up ``*.tmp-*`` (:func:`remove_stale_tmp`, the extract writer).
+
+    Raises:
+        OSError: the write, fsync or rename failed, with ``path`` as its file name.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    staging = tmp_name(path)
+    if staging.exists():
+        shutil.rmtree(staging) if staging.is_dir() else staging.unlink()
+    staging.mkdir(parents=True)
+    try:
+        inner = staging / path.name
+        with named_os_error(path):
+            save_file(tensors, str(inner), metadata=metadata)
+            with open(inner, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(inner, path)
+            fsync_dir(path.parent)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def remove_stale_tmp(directory: str | os.PathLike) -> list[Path]:
     """Delete leftovers of interrupted atomic writes (``*.tmp-*``) in ``directory``; return them."""
     directory = Path(directory)

@@ -269,15 +269,13 @@ def _merge_index(out: Path, world: int, n_rows: int) -> list[dict[str, Any]]:
 
 def _write_head(model: Any, out: Path) -> dict[str, Any]:
     """Save the verifier's ``lm_head.weight`` and ``embed_tokens.weight`` ``[V, H]``."""
-    from safetensors.torch import save_file
+    from specdraft.core.atomic import atomic_save_safetensors
 
     head = getattr(model, "head", None) or {
         "lm_head.weight": model.get_output_embeddings().weight,
         "embed_tokens.weight": model.get_input_embeddings().weight}
     head = {k: v.detach().to("cpu").clone().contiguous() for k, v in head.items()}
-    tmp = out / f"{HEAD_FILE}.tmp-{os.getpid()}"
-    save_file(head, str(tmp))
-    os.replace(tmp, out / HEAD_FILE)
+    atomic_save_safetensors(head, out / HEAD_FILE)
     return {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in head.items()}
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from specdraft.core.atomic import fsync_dir, tmp_name
+from specdraft.core.atomic import atomic_save_safetensors
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
 
@@ -148,17 +148,11 @@ class ShardBuffer:
     def write(self, path: Path, metadata: dict[str, str]) -> list[dict[str, Any]]:
         """Write the shard to ``path`` (temp file + fsync + rename); return its index entries
         with ``"shard"`` set to ``shards/<name>``."""
-        from safetensors.torch import save_file
-
         tensors = {k: torch.cat(v).contiguous() for k, v in self.parts.items()}
-        tmp = tmp_name(path)
         # one metadata key: safetensors writes its metadata map in hash order, and a resumed
         # run must produce the same bytes as an uninterrupted one
-        save_file(tensors, str(tmp), metadata={"specdraft": json.dumps(metadata, sort_keys=True)})
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
+        atomic_save_safetensors(tensors, path,
+                                metadata={"specdraft": json.dumps(metadata, sort_keys=True)})
         for e in self.entries:
             e["shard"] = f"shards/{path.name}"
         return self.entries

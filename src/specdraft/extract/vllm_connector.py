@@ -1,7 +1,8 @@
 """specdraft's vLLM KV connector: one synchronous, atomic safetensors file per finished request.
 
 Runs inside the vLLM engine (the ``.venv-vllm`` interpreter): imports only stdlib, torch,
-safetensors and vllm. Registered by :mod:`specdraft.extract.vllm_worker` with
+safetensors, vllm and :mod:`specdraft.core.atomic` (stdlib only). Registered by
+:mod:`specdraft.extract.vllm_worker` with
 ``kv_connector="SpecdraftHiddenStatesConnector"`` and
 ``kv_connector_module_path="specdraft.extract.vllm_connector"``.
 
@@ -13,7 +14,7 @@ are cached per token in a KV-cache-like buffer; when a request finishes, the sch
 block ids to the worker side, which reads them out. Only the write differs from the stock class:
 its asynchronous device → pinned-host copy needs CUDA (``pin_memory=True`` fails on CPU), so this
 class copies synchronously and writes ``hidden_states`` ``[T, n_ids, H]`` (engine dtype) and
-``token_ids`` ``[T]`` int64 to ``<path>.tmp-<pid>``, fsyncs and renames it to ``<path>``: a file
+``token_ids`` ``[T]`` int64 inside ``<path>.tmp-<pid>/``, fsyncs and renames it to ``<path>``: a file
 under its final name is always complete. ``<path>`` is the request's
 ``kv_transfer_params["hidden_states_path"]`` (``allow_custom_save_path`` must be on), which the
 worker derives from the row, so files are matched to rows by identity, never by arrival order.
@@ -24,9 +25,10 @@ from __future__ import annotations
 import os
 
 import torch
-from safetensors.torch import save_file
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
     ExampleHiddenStatesConnector, PendingSave, extract_from_kv_cache)
+
+from specdraft.core.atomic import atomic_save_safetensors
 
 
 class _Done:
@@ -37,12 +39,9 @@ class _Done:
 
 
 def write_atomic(tensors: dict[str, torch.Tensor], path: str) -> None:
-    """``save_file`` to a temp sibling, fsync, rename to ``path`` (never half-written)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``tensors`` to ``path`` through :func:`specdraft.core.atomic.atomic_save_safetensors`
+    (never half-written; a killed engine leaves only a ``*.tmp-<pid>`` staging directory)."""
+    atomic_save_safetensors({k: v.contiguous() for k, v in tensors.items()}, path)
 
 
 class SpecdraftHiddenStatesConnector(ExampleHiddenStatesConnector):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import threading
 from pathlib import Path
 from typing import Any, Sequence
@@ -57,7 +58,8 @@ def recover(out_dir: Path, rank: int, shard_plan: Sequence[Sequence[int]], codec
     atomic_write_text(part, "".join(json.dumps(e) + "\n" for e in kept))
     for f in (out_dir / "shards").glob(f"rank{rank:05d}-*.safetensors*"):
         if ".tmp-" in f.name or int(f.name.split("-")[1].split(".")[0]) not in done:
-            f.unlink()  # an orphan of a killed run, or a half-written temp file
+            # an orphan of a killed run, or a half-written write's staging directory
+            shutil.rmtree(f) if f.is_dir() else f.unlink()
     return done
 
 
