@@ -112,6 +112,7 @@ def build(work: Path, n_rows: int, T: int) -> dict:
 # --------------------------------------------------------------------- the specdraft child
 def specdraft_child(work: Path, steps: int, T: int, result: Path) -> None:
     """specdraft's real Trainer/Data path over the DiskSource; per-step wall times to ``result``."""
+    from specdraft.core.profile import resolve_profile
     from specdraft.extract.source import DiskSource
     from specdraft.train.config import TrainConfig
     from specdraft.train.data import Collator, row_lengths
@@ -125,8 +126,8 @@ def specdraft_child(work: Path, steps: int, T: int, result: Path) -> None:
     cfg = TrainConfig(run_dir=work / "sd-run", ttt_steps=3, batch_tokens=T, warmup_steps=10,
                       val_fraction=0.0, device="cpu", dtype="float32")
     env = init_distributed("cpu")
-    drafter = build_drafter(cfg, smollm2_config(), src, {"embed_tokens.weight": head["lm_head"]},
-                            head["d2t"], head["t2d"])
+    drafter = build_drafter(cfg, resolve_profile(smollm2_config()), src,
+                            {"embed_tokens.weight": head["lm_head"]}, head["d2t"], head["t2d"])
     obj = TTTObjective(drafter, steps=3)
     lengths = row_lengths(src)
     data = Data(src, Collator(head["lm_head"], head["d2t"], env.device),

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from specdraft.models.eagle3 import (DraftKVCache, Eagle3Config, Eagle3DraftModel,
-                                     ttt_attention_dense, ttt_attention_split)
+                                     ttt_attention_dense, ttt_attention_fused,
+                                     ttt_attention_split)
 
 
 def tiny_config(**kw) -> Eagle3Config:
@@ -42,6 +43,24 @@ def test_dense_and_split_ttt_attention_agree():
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("T", [1, 7, 64])
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_fused_ttt_attention_equals_dense_values_and_gradients(T, steps):
+    """float64, so any difference beyond rounding is a wrong formula (the fused kernel's
+    log-sum-exp gradient is ours: a wrong padding value shows up as a gradient difference)."""
+    torch.manual_seed(T * 10 + steps)
+    xs = [torch.randn(2, 3, T, 8, dtype=torch.float64, requires_grad=True) for _ in range(7)]
+    q, keys, values = xs[0], xs[1:1 + steps], xs[4:4 + steps]
+    a = ttt_attention_dense(q, keys, values, 0.3)
+    b = ttt_attention_fused(q, keys, values, 0.3)
+    torch.testing.assert_close(b, a, atol=1e-12, rtol=1e-12)
+    g = torch.randn_like(a)
+    inputs = [q, *keys, *values]
+    for ga, gb in zip(torch.autograd.grad((a * g).sum(), inputs),
+                      torch.autograd.grad((b * g).sum(), inputs)):
+        torch.testing.assert_close(gb, ga, atol=1e-12, rtol=1e-12)
+
+
 def test_dense_attention_row_by_hand():
     """T=2, steps 0 and 1: query 0 sees {k0[0], k1[0]}, query 1 sees {k0[0], k0[1], k1[1]}."""
     q = torch.tensor([[1.0], [2.0]]).view(1, 1, 2, 1)
@@ -59,7 +78,7 @@ def test_dense_attention_row_by_hand():
     torch.testing.assert_close(out, torch.stack([want0, want1]))
 
 
-@pytest.mark.parametrize("impl", ["dense", "split"])
+@pytest.mark.parametrize("impl", ["dense", "split", "fused"])
 def test_ttt_step_equals_cached_inference(impl):
     """Step 1 of TTT at column t equals what inference computes for the first drafted token:
     the cache holds step-0 keys for columns 0..t, the new token sits at position t+1."""

@@ -72,7 +72,7 @@ class Eagle3Config:
     partial_rotary_factor: float = 1.0
     norm_before_residual: bool = False
     hidden_act: str = "silu"
-    attn_impl: str = "split"
+    attn_impl: str = "fused"
     verifier_profile: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -279,9 +279,77 @@ def ttt_attention_split(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     return out
 
 
+class _CausalAttentionWithLSE(torch.autograd.Function):
+    """Causal attention and its log-sum-exp, both differentiable, through PyTorch's fused CPU
+    kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``, which returns the
+    log-sum-exp but treats it as non-differentiable).
+
+    Forward: q, k, v [B, h, T, d] -> out [B, h, T, d], lse [B, h, T] (natural log of the sum of
+    ``exp(scale * q.k)`` over keys ``s <= t``). Backward: the kernel's own backward computes
+    ``dS = P * (dO V^T - D)`` with ``D = rowsum(dO * out)`` taken from the ``out`` it is given;
+    the log-sum-exp's gradient adds ``P * dlse`` to ``dS``. Both are obtained in one call by
+    appending one column: zeros to q, k and v (scores and P unchanged), ``-1`` to ``out`` and
+    ``dlse`` to ``dO``, so that ``D`` becomes ``D - dlse`` and ``dO V^T`` is unchanged.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, True, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale = scale
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None):
+        q, k, v, out, lse = ctx.saved_tensors
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        if d_out is None:
+            d_out = torch.zeros_like(out)
+        if d_lse is None:
+            dq, dk, dv = backward(d_out.contiguous(), q, k, v, out, lse, 0.0, True,
+                                  scale=ctx.scale)
+            return dq, dk, dv, None
+
+        def widen(x: torch.Tensor, value: float | torch.Tensor) -> torch.Tensor:
+            col = x.new_full((*x.shape[:-1], 1), value) if not torch.is_tensor(value) else value
+            return torch.cat([x, col], dim=-1).contiguous()
+
+        dq, dk, dv = backward(widen(d_out, d_lse.unsqueeze(-1).to(d_out.dtype)),
+                              widen(q, 0.0), widen(k, 0.0), widen(v, 0.0), widen(out, -1.0),
+                              lse, 0.0, True, scale=ctx.scale)
+        return dq[..., :-1], dk[..., :-1], dv[..., :-1], None
+
+
+def ttt_attention_fused(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                        scale: float) -> torch.Tensor:
+    """The same attention as :func:`ttt_attention_dense` in O(k·T) memory, with the fused
+    causal kernel for the step-0 block (it skips the masked half and never materialises the
+    ``[T, T]`` scores): ``out = (e^{lse0}·out0 + Σ_j e^{s_j}·v_j) / (e^{lse0} + Σ_j e^{s_j})``
+    with ``s_j`` each query's score against its own key of step ``j >= 1``.
+
+    q [B, h, T, d]; keys/values: one [B, h, T, d] per step 0..k. Returns [B, h, T, d]. The fused
+    kernel is PyTorch's CPU one; on any other device this runs :func:`ttt_attention_split`.
+    """
+    if q.device.type != "cpu":
+        return ttt_attention_split(q, keys, values, scale)
+    out0, lse0 = _CausalAttentionWithLSE.apply(q, keys[0], values[0], scale)
+    if len(keys) == 1:
+        return out0
+    diag = [(q * kj).sum(-1) * scale for kj in keys[1:]]  # k x [B, h, T]
+    lse = torch.logsumexp(torch.stack([lse0, *diag]), dim=0)  # [B, h, T]
+    out = torch.exp(lse0 - lse).unsqueeze(-1) * out0
+    for s, vj in zip(diag, values[1:]):
+        out = out + torch.exp(s - lse).unsqueeze(-1) * vj
+    return out
+
+
 TTT_ATTENTION: dict[str, Callable[..., torch.Tensor]] = {
     "dense": ttt_attention_dense,
     "split": ttt_attention_split,
+    "fused": ttt_attention_fused,
 }
 
 

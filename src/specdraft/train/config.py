@@ -54,9 +54,10 @@ class TrainConfig(StageConfig):
                                                        "RUN/train/checkpoints/.")
     log_every: int = Field(10, ge=1, description="Log training metrics every N steps.")
     seed: int = Field(0, description="Seed of the initialization, split and shuffling.")
-    attn_impl: Literal["dense", "split"] = Field("split", description="TTT attention: split "
-                                                                      "(per-step products) or "
-                                                                      "dense (one masked SDPA).")
+    attn_impl: Literal["dense", "split", "fused"] = Field(
+        "fused", description="TTT attention: fused (the fused causal kernel plus per-step "
+                             "diagonal terms; CPU, split elsewhere), split (explicit scores) or "
+                             "dense (one masked SDPA).")
     norm_before_residual: bool = Field(False, description="Take the residual after the hidden "
                                                           "norm (written to the exported "
                                                           "config).")
