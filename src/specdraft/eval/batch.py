@@ -113,7 +113,8 @@ class BatchVerifier:
 
         self.model = model
         self.aux_ids = list(aux_ids)
-        self.cache = DynamicCache(config=model.config)
+        _refuse_sliding_window(model.config)
+        self.cache = DynamicCache(config=model.config)  # its layers exist before the first add
         self.slots = Slots(torch.zeros(0, 0, dtype=torch.bool))
         self.device = model.get_input_embeddings().weight.device
         self.step_width = 0
@@ -163,18 +164,24 @@ class BatchVerifier:
         _set_layer_tensors(self.cache, tensors)
 
 
-def _layer_tensors(cache: Any) -> list[torch.Tensor]:
-    """[keys_0, values_0, keys_1, ...] of a ``DynamicCache`` with full-attention layers only."""
+def _refuse_sliding_window(config: Any) -> None:
+    """Raise :class:`ConfigError` for a verifier with sliding-window layers (as transformers
+    lays out its cache: ``DynamicCache(config=...)``): its window mask is built from slot
+    indices, which holes and padding make differ from positions."""
+    from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    out = []
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            raise ConfigError(f"--batch-size > 1 needs a verifier whose KV cache layers are all "
-                              f"full attention; this one has {type(layer).__name__}: use "
-                              f"--batch-size 1")
-        out += [layer.keys, layer.values]
-    return out
+    kinds = {type(layer).__name__ for layer in DynamicCache(config=config).layers
+             if type(layer) is not DynamicLayer}
+    if kinds:
+        raise ConfigError(f"--batch-size > 1 needs a verifier whose attention layers are all "
+                          f"full; this one has {', '.join(sorted(kinds))}: use --batch-size 1")
+
+
+def _layer_tensors(cache: Any) -> list[torch.Tensor]:
+    """[keys_0, values_0, keys_1, ...] of a ``DynamicCache`` of full-attention layers (sliding
+    ones are refused by :func:`_refuse_sliding_window`)."""
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
 def _set_layer_tensors(cache: Any, tensors: list[torch.Tensor]) -> None:

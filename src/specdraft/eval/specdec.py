@@ -111,14 +111,22 @@ class EagleDrafter:
 
 
 class VerifierSession:
-    """The verifier with a ``transformers`` ``DynamicCache``; returns logits and aux states."""
+    """The verifier with a ``transformers`` ``DynamicCache``; returns logits and aux states.
+
+    The cache is built without the model's config, so every layer is a full
+    ``DynamicLayer``, even a sliding-window one: ``DynamicSlidingWindowLayer`` drops the keys
+    that leave the window, after which a rejected draft cannot be cropped away (transformers
+    5.x raises). The window itself is still applied: the model builds its sliding-window mask
+    from positions, whatever the cache keeps (output equals greedy without a cache:
+    ``tests/eval/test_sliding_window.py``). The cost is memory: the whole sequence is kept.
+    """
 
     def __init__(self, model: Any, aux_ids: Sequence[int]) -> None:
         from transformers import DynamicCache
 
         self.model = model
         self.aux_ids = list(aux_ids)
-        self.cache = DynamicCache(config=model.config)
+        self.cache = DynamicCache()  # full layers, even sliding ones (class doc)
         self.device = model.get_input_embeddings().weight.device
 
     @torch.inference_mode()
