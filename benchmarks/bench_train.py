@@ -38,8 +38,8 @@ def batch(T: int, K: int, device: str, sup_from: float = 0.0) -> TrainBatch:
     sup[:, :int(sup_from * T)] = False
     label = torch.where(sup, torch.randint(0, K, (1, T), generator=g), -1)
     return TrainBatch(torch.randint(0, 49152, (1, T), generator=g),
-                      torch.randn(1, T, 3 * 576, generator=g), sup, probs * sup[..., None],
-                      label, T).to(device)
+                      torch.randn(1, T, 3 * 576, generator=g), sup, probs[sup], label,
+                      T).to(device)
 
 
 def flops_per_token(c: Eagle3Config, steps: int, T: int) -> float:

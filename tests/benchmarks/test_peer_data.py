@@ -118,7 +118,7 @@ def test_speculators_reads_converted_row_as_our_teacher(tmp_path):
     ours = Collator(lm_head, d2t, torch.device("cpu"))([row])
     cols = torch.nonzero(seen["loss_mask"]).flatten()
     assert cols.tolist() == (SUP - 1).tolist()
-    assert torch.allclose(seen["target_probs"][cols], ours.target_probs[0, cols + 1],
+    assert torch.allclose(seen["target_probs"][cols], ours.dense_probs()[0, cols + 1],
                           rtol=1e-4, atol=1e-6)
 
 

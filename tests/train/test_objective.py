@@ -54,7 +54,7 @@ def hand_batch(loss_mask, K=10):
     label = torch.where(sup, torch.arange(T)[None] + 1, torch.tensor(-1))
     probs = torch.nn.functional.one_hot(label.clamp(min=0), K).float() * sup[..., None]
     aux = (100.0 + torch.arange(T, dtype=torch.float32)).view(1, T, 1)
-    return TrainBatch(torch.arange(T)[None], aux, sup, probs, label, T)
+    return TrainBatch(torch.arange(T)[None], aux, sup, probs[sup], label, T)
 
 
 def test_alignment_on_hand_made_batch():
@@ -126,10 +126,13 @@ def test_collator_targets_and_oov_policy():
     assert b.sup[0].tolist() == [True, True, True, False]
     assert b.label[0].tolist() == [1, -1, 2, -1]
     e5 = torch.exp(torch.tensor(5.0))
-    torch.testing.assert_close(b.target_probs[0, 0], torch.stack([1 / (e5 + 2), e5 / (e5 + 2),
-                                                                  1 / (e5 + 2)]))
+    torch.testing.assert_close(b.target_probs[0], torch.stack([1 / (e5 + 2), e5 / (e5 + 2),
+                                                               1 / (e5 + 2)]))
     # the OOV position p=1 has the uniform restricted distribution (id 3 is not in the vocab)
-    torch.testing.assert_close(b.target_probs[0, 1], torch.full((3,), 1 / 3))
+    torch.testing.assert_close(b.target_probs[1], torch.full((3,), 1 / 3))
+    assert b.target_probs.shape == (3, 3)  # packed: one row per supervised position p=0,1,2
+    torch.testing.assert_close(b.dense_probs()[0, 2], b.target_probs[2])
+    assert b.dense_probs()[0, 3].sum() == 0
     m = TTTObjective(nn.Identity(), steps=1, oov_policy="mask")
     sup, lab = b.sup[:, 1:], b.label[:, 1:]  # step 0 view: column t <- position t+1
     assert m.loss_mask(sup, lab)[0].tolist() == [False, True, False]  # p=1 OOV dropped
@@ -163,7 +166,7 @@ def dense_reference(obj, batch, norm):
         logits = m.logits(hidden)  # [B, L, K]
         sup, label = shift(batch.sup, k, L, False), shift(batch.label, k, L, -1)
         logq = torch.log_softmax(logits, -1)
-        per_col = -(shift(batch.target_probs, k, L) * logq).sum(-1)
+        per_col = -(shift(batch.dense_probs(), k, L) * logq).sum(-1)
         loss = loss + obj.weights[k] / norm[k] * (per_col * obj.loss_mask(sup, label)).sum()
         hits.append((logits.argmax(-1) == label) & sup)
     return loss, torch.stack(hits)

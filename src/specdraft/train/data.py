@@ -144,7 +144,7 @@ class Collator:
         ids = torch.zeros(B, T, dtype=torch.long)
         aux = torch.zeros(B, T, width, dtype=torch.float32)
         sup = torch.zeros(B, T, dtype=torch.bool)
-        probs = torch.zeros(B, T, K, dtype=torch.float32, device=self.device)
+        probs = []  # [n_b, K] per row; positions ascend (check_row): TrainBatch's packed order
         label = torch.full((B, T), -1, dtype=torch.long, device=self.device)
         for b, r in enumerate(rows):
             n = r.input_ids.numel()
@@ -154,7 +154,8 @@ class Collator:
             sup[b, pos] = True
             p, lab = verifier_targets(r.final_hidden.to(self.device), self.lm_head,
                                       self.draft_ids, self.t2d_index)
-            probs[b, pos.to(self.device)] = p
+            probs.append(p)
             label[b, pos.to(self.device)] = lab
         n_real = sum(r.input_ids.numel() for r in rows)
-        return TrainBatch(ids, aux, sup, probs, label, n_real).to(self.device)
+        packed = torch.cat(probs) if probs else torch.zeros(0, K, device=self.device)
+        return TrainBatch(ids, aux, sup, packed, label, n_real).to(self.device)

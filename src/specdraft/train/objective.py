@@ -52,10 +52,12 @@ class TrainBatch:
     """A right-padded micro-batch; ``p`` indexes positions of the verifier's sequence.
 
     input_ids [B, T] int64 (pad 0); aux_hidden [B, T, n_aux*Ht] float32; sup [B, T] bool
-    (``loss_mask[p+1] == 1``); target_probs [B, T, K] float32 (restricted verifier
-    distribution at ``p``, zeros where not supervised); label [B, T] int64 (draft id of the
-    verifier's greedy token at ``p``; -1 where unsupervised or outside the draft vocabulary);
-    n_real: real (unpadded) tokens.
+    (``loss_mask[p+1] == 1``); target_probs [N, K] float32, N = ``sup.sum()``: the restricted
+    verifier distribution at each supervised position, packed in ``sup.nonzero()`` order
+    (row-major; ``probs_dense[sup]``); label [B, T] int64 (draft id of the verifier's greedy
+    token at ``p``; -1 where unsupervised or outside the draft vocabulary); n_real: real
+    (unpadded) tokens. Packed because a [B, T, K] tensor would be mostly zeros to fill and,
+    per TTT step, a [N, K] gather to read; packed, a step reads a slice (``forward``).
     """
 
     input_ids: torch.Tensor
@@ -64,6 +66,12 @@ class TrainBatch:
     target_probs: torch.Tensor
     label: torch.Tensor
     n_real: int
+
+    def dense_probs(self) -> torch.Tensor:
+        """``target_probs`` unpacked to [B, T, K] (zeros where not supervised)."""
+        out = self.target_probs.new_zeros(*self.sup.shape, self.target_probs.shape[-1])
+        out[self.sup] = self.target_probs
+        return out
 
     def to(self, device: torch.device | str) -> "TrainBatch":
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -105,6 +113,14 @@ def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_id
     if not probs:
         return head.new_zeros(0, draft_ids.numel()), torch.zeros(0, dtype=torch.long)
     return torch.cat(probs), torch.cat(labels)
+
+
+def _rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``x[rows]`` for ascending unique ``rows`` [N]; a view when they are contiguous (a TTT
+    step's supervised positions are all of them but the few with ``p < 1 + k``)."""
+    if rows.numel() and int(rows[-1] - rows[0]) + 1 == rows.numel():
+        return x[int(rows[0]): int(rows[-1]) + 1]
+    return x[rows]
 
 
 @dataclass
@@ -165,6 +181,8 @@ class TTTObjective(nn.Module):
         B, T = batch.input_ids.shape
         L = T - 1
         cols = torch.arange(L, device=batch.input_ids.device).expand(B, L)  # [B, L]
+        packed = torch.full((B, T), -1, dtype=torch.long, device=cols.device)  # [B, T]
+        packed[batch.sup] = torch.arange(batch.target_probs.shape[0], device=cols.device)
         hidden = m.fuse_aux(batch.aux_hidden[:, :L])  # [B, L, H]
         history: list[tuple[torch.Tensor, torch.Tensor]] = []
         loss = hidden.new_zeros((), dtype=torch.float32)
@@ -177,7 +195,8 @@ class TTTObjective(nn.Module):
             logits = m.logits(hidden[b, t])  # [N, K]
             label = batch.label[b, t + 1 + k]  # [N]
             mask = self.loss_mask(torch.ones_like(label, dtype=torch.bool), label)  # [N]
-            per_col = self.step_loss(logits, batch.target_probs[b, t + 1 + k], label)  # [N]
+            per_col = self.step_loss(logits, _rows(batch.target_probs, packed[b, t + 1 + k]),
+                                     label)  # [N]
             step_sum = (per_col * mask).sum()
             scale = self.weights[k] / norm[k] if norm[k] > 0 else 0.0  # no loss positions: 0
             loss = loss + scale * step_sum
