@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ MT_BENCH = SHARED / "mt_bench" / "question.jsonl"
 
 
 def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 100,
-                  chats: Path | None = None) -> dict:
+                  chats: Path | None = None, storage: str = "bf16") -> dict:
     """The pipeline config of the benchmark (same fields as configs/demo-smollm2.yaml);
     ``chats``: conversations for ``prepare --data`` instead of generating (e.g. the
     ``samples.jsonl`` of an earlier generate)."""
@@ -45,7 +46,7 @@ def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 10
                      "keep_truncated": True},
         "prepare": {"max_seq_len": 1024},
         "vocab": {"draft_vocab_size": 8192},
-        "extract": {"storage": "bf16", "batch_tokens": 8192},
+        "extract": {"storage": storage, "batch_tokens": 8192},
         "train": {"epochs": epochs, "ttt_steps": 4, "lr": 5e-4, "warmup_steps": 40,
                   "batch_tokens": 2048, "val_fraction": 0.05, "eval_every": 50,
                   "save_every": 50},
@@ -92,22 +93,29 @@ def main() -> None:
     ap.add_argument("--chats", type=Path, default=None, help="train on these conversations "
                     "(prepare --data; e.g. an earlier run's generate/samples.jsonl) instead of "
                     "generating: the pipeline starts at prepare")
+    ap.add_argument("--storage", default="bf16", choices=["fp32", "bf16", "fp8", "fp8-zstd",
+                                                          "bf16-zstd"],
+                    help="extract storage; with the generate, prepare and vocab stages of an "
+                         "earlier --run-dir copied in, only extract onward reruns")
     ap.add_argument("--peer", action="store_true", help="also train speculators 0.9.0 on the "
                     "same rows and hidden states and eval its drafter the same way")
     args = ap.parse_args()
 
+    from specdraft.core.verifier import VerifierSpec
     from specdraft.pipeline.config import PipelineConfig
     from specdraft.pipeline.run import SharedVerifier, run
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = args.run_dir / "bench-quality.yaml"
     cfg_path.write_text(yaml.safe_dump(pipeline_yaml(args.run_dir, args.n_train, args.epochs,
-                                                     args.eval_limit, args.chats)))
+                                                     args.eval_limit, args.chats,
+                                                     args.storage)))
     config = PipelineConfig.from_yaml(cfg_path)
     t0 = time.monotonic()
     manifest = run(config, from_stage="prepare" if args.chats else None)
     t_mt = time.monotonic()
-    verifier = SharedVerifier(config.verifier, config.device).get()[0]
+    eval_cfg = config.stages["eval"]
+    verifier = SharedVerifier(sys.stderr).get(VerifierSpec.of(eval_cfg), "eval")[0]
     mt = eval_mtbench(args.run_dir, Path(config.stages["eval"].drafter), verifier, args.mt_limit)
     t_end = time.monotonic()
     report(args, manifest, mt, pipeline_s=t_mt - t0, mtbench_s=t_end - t_mt)
