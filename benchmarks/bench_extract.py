@@ -130,21 +130,22 @@ def main() -> None:
     run_dir = write_prepared(Path(tempfile.mkdtemp(prefix="bench_extract_")) / "run", ids, masks)
     bt = args.batch_tokens
     bare_tokens_per_s(model, ids, masks, bt, True)  # warm-up: every batch shape once
-    full, base, ext = [], [], []
+    full, base, ext, ext8 = [], [], [], []
     for _ in range(args.reps):  # interleaved: the 2 cores are shared, load drifts
         full.append(bare_tokens_per_s(model, ids, masks, bt, base_only=False))
         base.append(bare_tokens_per_s(model, ids, masks, bt, base_only=True))
         m = extract_once(model, run_dir, "bf16", bt)
         ext.append(m["throughput"][0]["tokens_per_s"])
-    full, base, ext = (sorted(x)[len(x) // 2] for x in (full, base, ext))  # medians
+        ext8.append(extract_once(model, run_dir, "fp8", bt)["throughput"][0]["tokens_per_s"])
+    full, base, ext, ext8 = (sorted(x)[len(x) // 2] for x in (full, base, ext, ext8))  # medians
     H = m["hidden_size"]
     print(f"SmolLM2-135M (fp32, CPU, {torch.get_num_threads()} threads), {len(ids)} GSM8K rows, "
           f"{m['counts']['tokens']} tokens, aux ids {m['aux_layer_ids']}, batch {bt} tokens")
     print(f"  bare model(input_ids) forward:  {full:8.0f} tok/s")
     print(f"  bare base-model forward:         {base:8.0f} tok/s")
-    print(f"  extract (bf16, writer thread):  {ext:8.0f} tok/s")
-    print(f"  ratio extract / model(input_ids): {ext / full:.3f}   (target >= 0.90)")
-    print(f"  ratio extract / base forward:     {ext / base:.3f}")
+    for name, tps in (("bf16", ext), ("fp8", ext8)):
+        print(f"  extract ({name}, writer thread):  {tps:8.0f} tok/s   ratio to model(input_ids) "
+              f"{tps / full:.3f} (target >= 0.90), to the base forward {tps / base:.3f}")
     print(f"bytes per token ÷ 8·H (8·H = {8 * H} B):")
     sizes = {"bf16": m["storage"]}
     for storage in ("fp8", "bf16-zstd", "fp8-zstd"):
