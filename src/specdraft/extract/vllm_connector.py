@@ -14,8 +14,8 @@ are cached per token in a KV-cache-like buffer; when a request finishes, the sch
 block ids to the worker side, which reads them out. Only the write differs from the stock class:
 its asynchronous device → pinned-host copy needs CUDA (``pin_memory=True`` fails on CPU), so this
 class copies synchronously and writes ``hidden_states`` ``[T, n_ids, H]`` (engine dtype) and
-``token_ids`` ``[T]`` int64 inside ``<path>.tmp-<pid>/``, fsyncs and renames it to ``<path>``: a file
-under its final name is always complete. ``<path>`` is the request's
+``token_ids`` ``[T]`` int64 inside ``<path>.tmp-<pid>/``, fsyncs and renames it to ``<path>``: a
+file under its final name is always complete. ``<path>`` is the request's
 ``kv_transfer_params["hidden_states_path"]`` (``allow_custom_save_path`` must be on), which the
 worker derives from the row, so files are matched to rows by identity, never by arrival order.
 """

@@ -313,13 +313,13 @@ class _CausalAttentionWithLSE(torch.autograd.Function):
                                   scale=ctx.scale)
             return dq, dk, dv, None
 
-        def widen(x: torch.Tensor, value: float | torch.Tensor) -> torch.Tensor:
-            col = x.new_full((*x.shape[:-1], 1), value) if not torch.is_tensor(value) else value
-            return torch.cat([x, col], dim=-1).contiguous()
+        def widen(x: torch.Tensor, col: torch.Tensor | float) -> torch.Tensor:
+            """x [..., d] -> [..., d+1], the last column ``col`` ([..., 1] or a constant)."""
+            col = torch.as_tensor(col, dtype=x.dtype).expand(*x.shape[:-1], 1)
+            return torch.cat([x, col], dim=-1)
 
-        dq, dk, dv = backward(widen(d_out, d_lse.unsqueeze(-1).to(d_out.dtype)),
-                              widen(q, 0.0), widen(k, 0.0), widen(v, 0.0), widen(out, -1.0),
-                              lse, 0.0, True, scale=ctx.scale)
+        dq, dk, dv = backward(widen(d_out, d_lse.unsqueeze(-1)), widen(q, 0.0), widen(k, 0.0),
+                              widen(v, 0.0), widen(out, -1.0), lse, 0.0, True, scale=ctx.scale)
         return dq[..., :-1], dk[..., :-1], dv[..., :-1], None
 
 
