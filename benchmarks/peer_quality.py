@@ -12,7 +12,8 @@ After the specdraft pipeline of ``bench_quality.py`` has run in ``RUN``:
    warmup steps, weight decay 0, same TTT depth, ``--total-seq-len`` = specdraft's
    ``batch_tokens``. Its own choices stay: step-loss decay 1.0 (ours 0.8), grad clip 1.0 (ours
    0.5), AdamW betas (its defaults), rows packed without padding, last epoch's weights kept
-   (stored in bf16 by its checkpointer).
+   (stored in bf16 by its checkpointer), ``lm_head`` copied from the verifier's draft-vocab rows
+   and frozen (ours copied, then trained: ``--lm-head-init``).
 3. Its checkpoint (speculators format) is read by specdraft's export reader and measured by the
    same offline eval on the same prompts as specdraft's drafter.
 """

@@ -44,10 +44,57 @@ def test_build_drafter_follows_the_profile(tmp_path, verifier, source):
     d2t = torch.zeros(64, dtype=torch.long)
     t2d = torch.zeros(verifier.config.vocab_size, dtype=torch.bool)
     t2d[:64] = True
-    head = {"embed_tokens.weight": verifier.get_input_embeddings().weight.detach()}
+    head = {"embed_tokens.weight": verifier.get_input_embeddings().weight.detach(),
+            "lm_head.weight": verifier.get_output_embeddings().weight.detach()}
     m = build_drafter(cfg(tmp_path), profile, source, head, d2t, t2d)
     assert m.config.rope_scaling["rope_type"] == "llama3"
     assert VerifierProfile.from_dict(m.config.verifier_profile) == profile
+
+
+def test_lm_head_starts_at_the_verifiers_draft_rows(tmp_path, verifier, source):
+    """Draft id j's lm_head row is the verifier's row of target id j + d2t[j] (a non-identity
+    map: target ids 3, 4, 7, 10, ...), copied by value; frozen only when asked."""
+    V = verifier.config.vocab_size
+    target_ids = torch.tensor([3, 4, 7, 10] + list(range(20, 80)))
+    K = target_ids.numel()
+    d2t = target_ids - torch.arange(K)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[target_ids] = True
+    W = torch.randn(V, 64)  # a head unlike any the drafter could draw itself
+    head = {"embed_tokens.weight": verifier.get_input_embeddings().weight.detach(),
+            "lm_head.weight": W}
+    m = build_drafter(cfg(tmp_path), resolve_profile(verifier.config, model=verifier), source,
+                      head, d2t, t2d)
+    assert torch.equal(m.lm_head.weight[0], W[3]) and torch.equal(m.lm_head.weight[3], W[10])
+    assert torch.equal(m.lm_head.weight, W[target_ids]) and m.lm_head.weight.requires_grad
+    assert m.lm_head.weight.data_ptr() != W.data_ptr()
+    frozen = build_drafter(cfg(tmp_path, lm_head_init="verifier-frozen"),
+                           resolve_profile(verifier.config, model=verifier), source, head, d2t,
+                           t2d)
+    assert torch.equal(frozen.lm_head.weight, W[target_ids])
+    assert not frozen.lm_head.weight.requires_grad
+    rand = build_drafter(cfg(tmp_path, lm_head_init="random"),
+                         resolve_profile(verifier.config, model=verifier), source, head, d2t, t2d)
+    assert rand.lm_head.weight.requires_grad
+    assert (rand.lm_head.weight - W[target_ids]).abs().max() > 1.0
+
+
+def test_frozen_lm_head_is_not_trained(run_dir, verifier, source):
+    """--lm-head-init verifier-frozen: after training steps lm_head is still the verifier's
+    rows while fc (trained) moved."""
+    from safetensors.torch import load_file
+
+    run(cfg(run_dir, lm_head_init="verifier-frozen", max_steps=3), verifier=verifier,
+        source=source)
+    w = load_file(str(run_dir / "train" / "last" / "drafter.safetensors"))
+    target_ids = torch.arange(w["d2t"].numel()) + w["d2t"]
+    assert torch.equal(w["lm_head.weight"], verifier.lm_head.weight.detach()[target_ids])
+    head = {"embed_tokens.weight": verifier.get_input_embeddings().weight.detach(),
+            "lm_head.weight": verifier.lm_head.weight.detach()}
+    fresh = build_drafter(cfg(run_dir, lm_head_init="verifier-frozen"),
+                          resolve_profile(verifier.config, model=verifier), source, head,
+                          w["d2t"], w["t2d"])
+    assert not torch.equal(w["fc.weight"], fresh.fc.weight.detach())  # the rest did train
 
 
 def test_best_and_last_carry_the_profile(run_dir, verifier, source):

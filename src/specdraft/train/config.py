@@ -33,6 +33,10 @@ class TrainConfig(StageConfig):
     oov_policy: Literal["mask", "keep"] = Field(
         "mask", description="Labels outside the draft vocabulary: mask them out of the loss, "
                             "or keep them with the restricted target (needs --loss soft).")
+    lm_head_init: Literal["verifier", "verifier-frozen", "random"] = Field(
+        "verifier", description="Draft lm_head at step 0: verifier (the verifier's lm_head rows "
+                                "of the draft vocabulary, then trained), verifier-frozen (the "
+                                "same, never trained) or random.")
     lr: float = Field(1e-4, gt=0, description="Peak learning rate.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay ends at this "
                                                              "fraction of --lr.")
