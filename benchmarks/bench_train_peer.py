@@ -127,7 +127,9 @@ def specdraft_child(work: Path, steps: int, T: int, result: Path) -> None:
                       val_fraction=0.0, device="cpu", dtype="float32")
     env = init_distributed("cpu")
     drafter = build_drafter(cfg, resolve_profile(smollm2_config()), src,
-                            {"embed_tokens.weight": head["lm_head"]}, head["d2t"], head["t2d"])
+                            {"embed_tokens.weight": head["lm_head"],
+                             "lm_head.weight": head["lm_head"]},  # tied, as SmolLM2's
+                            head["d2t"], head["t2d"])
     obj = TTTObjective(drafter, steps=3)
     lengths = row_lengths(src)
     data = Data(src, Collator(head["lm_head"], head["d2t"], env.device),
