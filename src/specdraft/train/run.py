@@ -130,7 +130,7 @@ def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
         model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
         if cfg.lm_head_init != "random":
-            target_ids = torch.arange(d2t.numel()) + d2t.cpu()
+            target_ids = model.draft_to_target(torch.arange(d2t.numel()))
             model.lm_head.weight.copy_(head["lm_head.weight"][target_ids].float())
     model.lm_head.weight.requires_grad_(cfg.lm_head_init != "verifier-frozen")
     return model
