@@ -72,6 +72,51 @@ def test_alignment_on_hand_made_batch():
     assert torch.equal(out.hits, out.sup)
 
 
+class Misser(Recorder):
+    """The stand-in with misses planted: at (step, column) in ``wrong`` its argmax is the label
+    + 1 (logit 10) and the label only second (logit 5)."""
+
+    def __init__(self, K: int, wrong: set[tuple[int, int]]) -> None:
+        super().__init__(K)
+        self.wrong = wrong
+
+    def logits(self, hidden):
+        k, t = len(self.seen) - 1, (hidden[..., 0].detach() - 100).round().long()
+        label = (t + 2 + k) % self.K
+        out = torch.nn.functional.one_hot(label, self.K).float() * 10
+        for j, col in enumerate(t.tolist()):
+            if (k, col) in self.wrong:
+                out[j] = 0.0
+                out[j, (label[j] + 1) % self.K], out[j, label[j]] = 10.0, 5.0
+        return out + 0 * hidden[..., :1]
+
+
+@pytest.mark.parametrize("align_topk, n_hit, n_miss", [
+    # supervised columns: step 0 -> 1..5, step 1 -> 0..4, step 2 -> 0..3 (loss_mask[t+2+k])
+    (0, [4, 4, 4], [1, 1, 0]),  # every supervised column
+    # top-1: step 0 missed column 2 (and column 0 predicts a prompt token), so step 1 counts
+    # {1, 3, 4}; step 1 missed column 1, so step 2 counts {3}
+    (1, [4, 2, 1], [1, 1, 0]),
+    # top-2: the misses still hold the label second; only column 0 drops out after step 0
+    (2, [4, 3, 3], [1, 1, 0]),
+])
+def test_aligned_columns_by_hand(align_topk, n_hit, n_miss):
+    K = 10
+    obj = TTTObjective(Misser(K, {(0, 2), (1, 1)}), steps=3, loss="hard",
+                        step_weight=1.0, align_topk=align_topk)
+    out = obj(hand_batch([0, 0, 0, 1, 1, 1, 1, 1], K), torch.ones(3))
+    e = torch.exp
+    c_hit = torch.log(1 + (K - 1) * e(torch.tensor(-10.0)))
+    c_miss = -torch.log(e(torch.tensor(5.0)) / (e(torch.tensor(10.0)) + e(torch.tensor(5.0))
+                                                + K - 2))
+    want = torch.tensor(n_hit) * c_hit + torch.tensor(n_miss, dtype=torch.float32) * c_miss
+    torch.testing.assert_close(out.loss_sum, want)
+    torch.testing.assert_close(out.loss, want.sum())
+    # the hits (top-1 at every supervised column) are the same whatever the alignment
+    assert out.hits[:, 0].int().tolist() == [[0, 1, 0, 1, 1, 1, 0], [1, 0, 1, 1, 1, 0, 0],
+                                             [1, 1, 1, 1, 0, 0, 0]]
+
+
 def tiny_drafter(attn="split") -> Eagle3DraftModel:
     torch.manual_seed(0)
     c = Eagle3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,

@@ -30,6 +30,11 @@ class TrainConfig(StageConfig):
     loss: Literal["soft", "hard"] = Field("soft", description="soft: cross-entropy to the "
                                                               "verifier's distribution; hard: "
                                                               "to its token.")
+    align_topk: int = Field(0, ge=0, description="Step k's loss counts a column only while the "
+                                                 "label of every earlier step was in that "
+                                                 "step's top-N draft logits (1: the chain's "
+                                                 "argmax; 0: every column). GRIFFIN, "
+                                                 "arXiv 2502.11018.")
     oov_policy: Literal["mask", "keep"] = Field(
         "mask", description="Labels outside the draft vocabulary: mask them out of the loss, "
                             "or keep them with the restricted target (needs --loss soft).")

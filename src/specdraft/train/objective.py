@@ -34,6 +34,16 @@ entropy) or hard cross-entropy on the label; masked sum over the loss positions 
 ``norm[k]`` (the number of loss positions of step k in the whole global batch, so padding and
 the split across micro-batches and ranks do not change the value); steps weighted
 ``step_weight**k``.
+
+Aligned columns (``align_topk = a > 0``; after the loss masking of GRIFFIN's token-alignable
+training, arXiv 2502.11018, here with the chain's top-1 as the natural choice). At inference, step k of a
+column is only reached when steps ``0..k-1`` all drafted the verifier's token; elsewhere the
+drafter's own state fed to step k describes a token that was rejected, a case decoding never
+meets. With ``a``, step k's loss counts column ``t`` only while the label of every earlier step
+``j < k`` at ``t`` was among that step's top-``a`` draft logits (``a = 1``: its argmax). Step 0
+is always counted. The divisor stays ``norm[k]`` (all loss positions of step k), so a step's
+loss is weighted by how often it is reached, as its acceptance is in ``τ``. Accuracy metrics
+are unchanged (``hits`` is top-1 at every supervised column).
 """
 
 from __future__ import annotations
@@ -146,8 +156,9 @@ class TTTObjective(nn.Module):
     """
 
     def __init__(self, drafter: Eagle3DraftModel, *, steps: int, step_weight: float = 0.8,
-                 loss: str = "soft", oov_policy: str = "mask") -> None:
+                 loss: str = "soft", oov_policy: str = "mask", align_topk: int = 0) -> None:
         super().__init__()
+        self.align_topk = align_topk
         self.drafter = drafter
         self.steps = steps
         self.weights = [step_weight ** k for k in range(steps)]
@@ -185,6 +196,7 @@ class TTTObjective(nn.Module):
         packed[batch.sup] = torch.arange(batch.target_probs.shape[0], device=cols.device)
         hidden = m.fuse_aux(batch.aux_hidden[:, :L])  # [B, L, H]
         history: list[tuple[torch.Tensor, torch.Tensor]] = []
+        aligned = torch.ones(B, L, dtype=torch.bool, device=cols.device)  # [B, L] (align_topk)
         loss = hidden.new_zeros((), dtype=torch.float32)
         loss_sum, hits, sups = [], [], []
         for k in range(self.steps):
@@ -195,6 +207,8 @@ class TTTObjective(nn.Module):
             logits = m.logits(hidden[b, t])  # [N, K]
             label = batch.label[b, t + 1 + k]  # [N]
             mask = self.loss_mask(torch.ones_like(label, dtype=torch.bool), label)  # [N]
+            if self.align_topk:
+                mask = mask & aligned[b, t]
             per_col = self.step_loss(logits, _rows(batch.target_probs, packed[b, t + 1 + k]),
                                      label)  # [N]
             step_sum = (per_col * mask).sum()
@@ -204,6 +218,11 @@ class TTTObjective(nn.Module):
             hit = torch.zeros_like(sup)
             hit[b, t] = logits.detach().argmax(-1) == label
             hits.append(hit)
+            if self.align_topk and k + 1 < self.steps:
+                top = logits.detach().topk(min(self.align_topk, logits.shape[-1]), dim=-1).indices
+                in_top = torch.zeros_like(sup)
+                in_top[b, t] = (top == label.unsqueeze(-1)).any(-1)  # label -1: never in top
+                aligned = aligned & in_top
             sups.append(sup)
         return StepOutput(loss, torch.stack(loss_sum), torch.stack(hits), torch.stack(sups))
 

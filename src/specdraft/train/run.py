@@ -214,7 +214,8 @@ def _run(cfg: TrainConfig, env: DistEnv, clock: StageClock, verifier: Any, sourc
     head = verifier_head(verifier, cfg.run_dir)
     drafter = build_drafter(cfg, profile, source, head, d2t, t2d).to(env.device)
     objective = TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
-                             loss=cfg.loss, oov_policy=cfg.oov_policy)
+                             loss=cfg.loss, oov_policy=cfg.oov_policy,
+                             align_topk=cfg.align_topk)
     lengths = row_lengths(source)
     train_idx, val_idx = split_indices(source.keys(), cfg.val_fraction, cfg.seed)
     data = Data(source, Collator(head["lm_head.weight"], d2t, env.device), train_idx, val_idx,
