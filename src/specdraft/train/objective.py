@@ -36,8 +36,8 @@ the split across micro-batches and ranks do not change the value); steps weighte
 ``step_weight**k``.
 
 Aligned columns (``align_topk = a > 0``; after the loss masking of GRIFFIN's token-alignable
-training, arXiv 2502.11018, here with the chain's top-1 as the natural choice). At inference, step k of a
-column is only reached when steps ``0..k-1`` all drafted the verifier's token; elsewhere the
+training, arXiv 2502.11018, with a chain's top-1 as the natural choice). At inference, step k of
+a column is only reached when steps ``0..k-1`` all drafted the verifier's token; elsewhere the
 drafter's own state fed to step k describes a token that was rejected, a case decoding never
 meets. With ``a``, step k's loss counts column ``t`` only while the label of every earlier step
 ``j < k`` at ``t`` was among that step's top-``a`` draft logits (``a = 1``: its argmax). Step 0
@@ -158,12 +158,12 @@ class TTTObjective(nn.Module):
     def __init__(self, drafter: Eagle3DraftModel, *, steps: int, step_weight: float = 0.8,
                  loss: str = "soft", oov_policy: str = "mask", align_topk: int = 0) -> None:
         super().__init__()
-        self.align_topk = align_topk
         self.drafter = drafter
         self.steps = steps
         self.weights = [step_weight ** k for k in range(steps)]
         self.loss_kind = loss
         self.oov_policy = oov_policy
+        self.align_topk = align_topk
 
     def step_loss(self, logits: torch.Tensor, probs: torch.Tensor, label: torch.Tensor
                   ) -> torch.Tensor:
