@@ -123,3 +123,23 @@ def test_an_offline_only_eval_reruns_once_vllm_is_installed(tmp_path, recorder, 
     offline = config(tmp_path, eval={"engine": "none"})
     assert run(offline, stream=io.StringIO())["actions"]["eval"] == "ran"   # config changed
     assert run(offline, stream=io.StringIO())["actions"]["eval"] == SKIPPED
+
+
+def test_a_moved_run_directory_skips_its_complete_stages(tmp_path, recorder):
+    # Where a run lies is not what it produced: `run_dir` is left out of the config hash, so a
+    # run moved (or copied, stage by stage) to another directory keeps its complete stages.
+    # (Planted fault: with `run_dir` back in the hash, every stage reruns.)
+    cfg = config(tmp_path)
+    run(cfg, stream=io.StringIO())
+    (tmp_path / "run").rename(tmp_path / "moved")
+    moved = PipelineConfig.from_yaml(_with_run_dir(tmp_path, tmp_path / "moved"))
+    actions = run(moved, stream=io.StringIO())["actions"]
+    # eval alone reruns: the pipeline hands it the drafter by path (RUN/export/sglang)
+    assert actions == {**{name: SKIPPED for name in stages.STAGE_NAMES}, "eval": "ran"}
+
+
+def _with_run_dir(tmp_path: Path, run_dir: Path) -> Path:
+    path = tmp_path / "run.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**cfg, "run_dir": str(run_dir)}))
+    return path

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from specdraft.core.errors import ConfigError
 
 
-RUN_CONTROL_FIELDS = frozenset({"resume", "overwrite"})
+RUN_CONTROL_FIELDS = frozenset({"resume", "overwrite", "run_dir"})
 
 
 class StageConfig(BaseModel):
@@ -33,8 +33,9 @@ class StageConfig(BaseModel):
     def config_hash(self) -> str:
         """sha256 of the canonical JSON of this config (first 16 hex digits).
 
-        Run-control fields (:data:`RUN_CONTROL_FIELDS`: ``resume``, ``overwrite``) are left out:
-        they change how a stage starts, not what it produces.
+        Run-control fields (:data:`RUN_CONTROL_FIELDS`: ``resume``, ``overwrite``, ``run_dir``)
+        are left out: they change how a stage starts or where it writes, not what it produces,
+        so a run directory moved or copied elsewhere keeps its complete stages.
         """
         values = {k: v for k, v in self.to_dict().items() if k not in RUN_CONTROL_FIELDS}
         blob = json.dumps(values, sort_keys=True, separators=(",", ":"))
