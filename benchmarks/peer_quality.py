@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from specdraft.eval.compare import tau_ratio_ci
 
 import peer_data
 from bench_train_peer import REPO, child_env, peer_args
@@ -128,12 +129,16 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
     print(f"\nbench_quality --peer: speculators 0.9.0 on the same {n_train} training rows and "
           f"hidden states, {train_cfg.epochs} epochs, AdamW lr {train_cfg.lr}, TTT "
           f"{train_cfg.ttt_steps}; offline eval greedy, k = 4")
+    dirs = {"gsm8k": ("eval", "peer/eval-gsm8k"), "mt": ("eval-mtbench", "peer/eval-mtbench")}
     for name, label in (("gsm8k", f"GSM8K test {args.eval_limit}"),
                         ("mt", f"MT-bench {args.mt_limit or 80}")):
         a, b = ours[name], peer[name]
+        ci = tau_ratio_ci(*(json.loads((run_dir / d / "results.json").read_text())
+                            for d in dirs[name]))
         pos = lambda m: ", ".join(f"{p:.3f}" for p in m["per_position"])  # noqa: E731
         print(f"  {label:<16} specdraft tau {a['tau']:.3f} [{pos(a)}]   speculators tau "
-              f"{b['tau']:.3f} [{pos(b)}]   ratio {a['tau'] / b['tau']:.3f}")
+              f"{b['tau']:.3f} [{pos(b)}]   ratio {ci.ratio:.3f} (95 % CI {ci.low:.3f}-"
+              f"{ci.high:.3f} over prompts, paired bootstrap)")
     print(f"  train wall time (s): specdraft {t_ours:.0f}, speculators {t_peer:.0f} "
           f"(its process, imports included)")
     goal = ours["gsm8k"]["tau"] >= 1.1 * peer["gsm8k"]["tau"]
