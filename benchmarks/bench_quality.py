@@ -35,10 +35,11 @@ MT_BENCH = SHARED / "mt_bench" / "question.jsonl"
 
 
 def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 100,
-                  chats: Path | None = None, storage: str = "bf16") -> dict:
+                  chats: Path | None = None, storage: str = "bf16", seed: int = 0) -> dict:
     """The pipeline config of the benchmark (same fields as configs/demo-smollm2.yaml);
     ``chats``: conversations for ``prepare --data`` instead of generating (e.g. the
-    ``samples.jsonl`` of an earlier generate)."""
+    ``samples.jsonl`` of an earlier generate); ``seed``: the train stage's (initialization,
+    shuffling and which rows are held out for validation)."""
     cfg = {
         "run_dir": str(run_dir), "verifier": "smollm2", "device": "cpu",
         "generate": {"prompts": str(SHARED / "gsm8k" / "train.jsonl"), "limit": n_train,
@@ -49,7 +50,7 @@ def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 10
         "extract": {"storage": storage, "batch_tokens": 8192},
         "train": {"epochs": epochs, "ttt_steps": 4, "lr": 5e-4, "warmup_steps": 40,
                   "batch_tokens": 2048, "val_fraction": 0.05, "eval_every": 50,
-                  "save_every": 50},
+                  "save_every": 50, "seed": seed},
         "export": {"format": "sglang"},
         "eval": {"prompts": str(SHARED / "gsm8k" / "test.jsonl"), "limit": eval_limit, "k": 4,
                  "temperature": 0.0, "max_new_tokens": 96, "batch_size": EVAL_BATCH},
@@ -97,6 +98,12 @@ def main() -> None:
                                                           "bf16-zstd"],
                     help="extract storage; with the generate, prepare and vocab stages of an "
                          "earlier --run-dir copied in, only extract onward reruns")
+    ap.add_argument("--seed", type=int, default=0, help="train seed, of both trainers with "
+                    "--peer; with the stages before train copied from an earlier --run-dir, only "
+                    "train onward reruns: the spread over seeds is the training noise")
+    ap.add_argument("--from", dest="from_stage", default=None, help="start the pipeline at "
+                    "this stage and take the earlier ones as they are in --run-dir (e.g. train, "
+                    "with generate..extract copied from another run: `specdraft run --from`)")
     ap.add_argument("--peer", action="store_true", help="also train speculators 0.9.0 on the "
                     "same rows and hidden states and eval its drafter the same way")
     args = ap.parse_args()
@@ -109,10 +116,10 @@ def main() -> None:
     cfg_path = args.run_dir / "bench-quality.yaml"
     cfg_path.write_text(yaml.safe_dump(pipeline_yaml(args.run_dir, args.n_train, args.epochs,
                                                      args.eval_limit, args.chats,
-                                                     args.storage)))
+                                                     args.storage, args.seed)))
     config = PipelineConfig.from_yaml(cfg_path)
     t0 = time.monotonic()
-    manifest = run(config, from_stage="prepare" if args.chats else None)
+    manifest = run(config, from_stage=args.from_stage or ("prepare" if args.chats else None))
     t_mt = time.monotonic()
     eval_cfg = config.stages["eval"]
     verifier = SharedVerifier(sys.stderr).get(VerifierSpec.of(eval_cfg), "eval")[0]
