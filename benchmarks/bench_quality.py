@@ -7,11 +7,13 @@ first turns. Prints tau and per-position acceptance for both sets, the time of e
 the disk used by each stage. Floor: tau >= 1.5 on GSM8K test.
 
     python benchmarks/bench_quality.py --run-dir runs/bench-quality [--peer]
-    python benchmarks/bench_quality.py --run-dir runs/bq-200 --n-train 200 --epochs 1 \
-        --eval-limit 30 --mt-limit 30 --peer          # the reduced size (README "Quality")
+    python benchmarks/bench_quality.py --run-dir runs/bq-200 --n-train 200 --epochs 2 \
+        --eval-limit 30 --mt-limit 10 --peer          # the reduced size (README "Quality")
 
 ``--peer`` then trains vllm-project/speculators 0.9.0's drafter on the same rows and hidden
-states (``benchmarks/peer_quality.py``) and evals it the same way.
+states (``benchmarks/peer_quality.py``), evals it the same way and prints each τ ratio with its
+95 % interval over prompts. ``--seed N --from train`` on a copy of a run's generate..extract
+retrains both on the same data with another seed: the training noise.
 
 Rerunning with the same --run-dir skips complete stages (``specdraft run`` rules).
 """
