@@ -37,11 +37,13 @@ MT_BENCH = SHARED / "mt_bench" / "question.jsonl"
 
 
 def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 100,
-                  chats: Path | None = None, storage: str = "bf16", seed: int = 0) -> dict:
+                  chats: Path | None = None, storage: str = "bf16", seed: int = 0,
+                  ttt_steps: int = 4) -> dict:
     """The pipeline config of the benchmark (same fields as configs/demo-smollm2.yaml);
     ``chats``: conversations for ``prepare --data`` instead of generating (e.g. the
     ``samples.jsonl`` of an earlier generate); ``seed``: the train stage's (initialization,
-    shuffling and which rows are held out for validation)."""
+    shuffling and which rows are held out for validation); ``ttt_steps``: the TTT depth K of
+    training (eval drafts k = 4 whatever K is)."""
     cfg = {
         "run_dir": str(run_dir), "verifier": "smollm2", "device": "cpu",
         "generate": {"prompts": str(SHARED / "gsm8k" / "train.jsonl"), "limit": n_train,
@@ -50,7 +52,7 @@ def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 10
         "prepare": {"max_seq_len": 1024},
         "vocab": {"draft_vocab_size": 8192},
         "extract": {"storage": storage, "batch_tokens": 8192},
-        "train": {"epochs": epochs, "ttt_steps": 4, "lr": 5e-4, "warmup_steps": 40,
+        "train": {"epochs": epochs, "ttt_steps": ttt_steps, "lr": 5e-4, "warmup_steps": 40,
                   "batch_tokens": 2048, "val_fraction": 0.05, "eval_every": 50,
                   "save_every": 50, "seed": seed},
         "export": {"format": "sglang"},
@@ -103,6 +105,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="train seed, of both trainers with "
                     "--peer; with the stages before train copied from an earlier --run-dir, only "
                     "train onward reruns: the spread over seeds is the training noise")
+    ap.add_argument("--ttt-steps", type=int, default=4, help="TTT depth of training, of both "
+                    "trainers with --peer (specdraft's own default is 7); eval drafts k = 4")
     ap.add_argument("--from", dest="from_stage", default=None, help="start the pipeline at "
                     "this stage and take the earlier ones as they are in --run-dir (e.g. train, "
                     "with generate..extract copied from another run: `specdraft run --from`)")
@@ -118,7 +122,8 @@ def main() -> None:
     cfg_path = args.run_dir / "bench-quality.yaml"
     cfg_path.write_text(yaml.safe_dump(pipeline_yaml(args.run_dir, args.n_train, args.epochs,
                                                      args.eval_limit, args.chats,
-                                                     args.storage, args.seed)))
+                                                     args.storage, args.seed,
+                                                     args.ttt_steps)))
     config = PipelineConfig.from_yaml(cfg_path)
     t0 = time.monotonic()
     manifest = run(config, from_stage=args.from_stage or ("prepare" if args.chats else None))
