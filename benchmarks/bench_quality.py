@@ -8,7 +8,7 @@ the disk used by each stage. Floor: tau >= 1.5 on GSM8K test.
 
     python benchmarks/bench_quality.py --run-dir runs/bench-quality [--peer]
     python benchmarks/bench_quality.py --run-dir runs/bq-200 --n-train 200 --epochs 2 \
-        --eval-limit 30 --mt-limit 10 --peer          # the reduced size (README "Quality")
+        --eval-limit 30 --mt-limit 10 --peer          # the reduced size (docs/benchmarks.md "Quality")
 
 ``--peer`` then trains vllm-project/speculators 0.9.0's drafter on the same rows and hidden
 states (``benchmarks/peer_quality.py``), evals it the same way and prints each τ ratio with its

@@ -272,13 +272,22 @@ def parse_problem(argv: list[str]) -> str | None:
     return None
 
 
-def test_readme_commands_parse():
+#: The user-facing pages whose commands and flags must stay true: the README and docs/.
+DOC_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: p.name)
+def test_doc_commands_parse(page):
+    cmds = readme_commands(page.read_text(encoding="utf-8"))
+    problems = [f"{c}: {p}" for c in cmds if (p := parse_problem(readme_argv(c)))]
+    assert problems == []
+
+
+def test_readme_shows_every_verb():
     cmds = readme_commands((REPO / "README.md").read_text(encoding="utf-8"))
     verbs = {readme_argv(c)[0] for c in cmds}
     assert {"run", "generate", "prepare", "vocab", "extract", "train", "export", "eval",
             "doctor"} <= verbs
-    problems = [f"{c}: {p}" for c in cmds if (p := parse_problem(readme_argv(c)))]
-    assert problems == []
 
 
 def test_readme_parse_catches_a_stale_flag():
@@ -290,8 +299,9 @@ def test_readme_parse_catches_a_stale_flag():
     assert parse_problem(["extract", "--storage", "bf16"]) is None
 
 
-def test_every_flag_named_in_readme_exists():
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: p.name)
+def test_every_flag_named_in_docs_exists(page):
+    text = page.read_text(encoding="utf-8")
     unknown = sorted({m.group(0) for m in FLAG_RE.finditer(text)} - all_flags()
                      - set(OTHER_PROGRAMS) - benchmark_flags())
     assert unknown == []

@@ -131,7 +131,7 @@ class Eagle3Config:
     @classmethod
     def from_profile(cls, profile: VerifierProfile, *, draft_vocab_size: int,
                      aux_layer_ids: tuple[int, ...], **overrides: Any) -> "Eagle3Config":
-        """The drafter's shape from the verifier's profile. Shape rules (README "Drafter shape"):
+        """The drafter's shape from the verifier's profile. Shape rules (docs/stages.md "The verifier profile and the drafter's shape"):
 
         - one standard EAGLE-3 Llama-style layer over the verifier's ``hidden_size``, with its
           ``num_attention_heads``, ``num_key_value_heads`` and ``head_dim``; for an MLA verifier

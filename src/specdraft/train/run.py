@@ -113,7 +113,7 @@ def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
     the drafter starts from the verifier's own read-out of a final hidden state; the drafter's
     ``norm`` gain stays 1 and learns the verifier's scale. ``verifier-frozen`` also takes
     ``lm_head`` out of the optimizer (speculators 0.9.0 ``_load_verifier_weights`` does that);
-    ``random`` keeps ``nn.Linear``'s init. Measured on the quality benchmark (README "Quality").
+    ``random`` keeps ``nn.Linear``'s init. Measured on the quality benchmark (docs/benchmarks.md "Quality").
 
     Raises :class:`InputError` when the source's hidden size or vocab size disagree."""
     config = Eagle3Config.from_profile(

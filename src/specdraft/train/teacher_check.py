@@ -20,7 +20,7 @@ all-zero states from a broken extraction path. This module catches them on a few
    top-1 agreement (the training label: the draft id of the full-vocabulary argmax, -1 outside).
 
 Tolerance (:data:`TOLERANCE`, per storage format of ``RUN/extract``; set from measurements with
-a wide margin, README "train"): mean KL at most ``max_kl`` and top-1 agreement at least
+a wide margin, docs/stages.md "train"): mean KL at most ``max_kl`` and top-1 agreement at least
 ``min_top1``; the measured natural gaps (``benchmarks/teacher_gap.py``) are in
 :data:`TOLERANCE`'s comments, the planted faults' figures in tests/train/test_teacher_check.py.
 """
