@@ -7,27 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from memsource import MemorySource, greedy_corpus, write_vocab  # noqa: E402
-
-VOCAB = 1024
-SHARPEN = 30.0
-
-
-def tiny_llama(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=2048, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # a peaked (confident) teacher, as trained verifiers are
-        model.lm_head.weight.mul_(SHARPEN)
-    return model
+from memsource import VOCAB, MemorySource, greedy_corpus, tiny_llama, write_vocab  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from conftest import VOCAB, tiny_llama
+from memsource import VOCAB, tiny_llama
 from memsource import MemorySource, greedy_corpus, write_vocab
 from specdraft.train.config import TrainConfig
 from specdraft.train.run import run

@@ -11,6 +11,24 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+VOCAB = 1024
+SHARPEN = 30.0
+
+
+def tiny_llama(seed: int = 0):
+    """The train tests' verifier: a random Llama (vocab 1024, hidden 64, 4 layers) whose
+    ``lm_head`` is scaled by ``SHARPEN``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=2048, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # a peaked (confident) teacher, as trained verifiers are
+        model.lm_head.weight.mul_(SHARPEN)
+    return model
+
 
 @dataclass(frozen=True)
 class Row:
