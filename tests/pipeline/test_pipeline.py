@@ -128,3 +128,24 @@ def test_dump_config_is_a_valid_pipeline_config(tmp_path):
     config = PipelineConfig.from_yaml(path)
     assert config.stages["train"].ttt_steps == 7 and config.stages["vocab"].draft_vocab_size == 32000
     assert str(config.stages["eval"].drafter).endswith("export/sglang")
+
+
+def test_until_needs_no_section_of_a_stage_that_will_not_run(tmp_path):
+    """``--until export`` with no ``eval`` section (whose ``prompts`` is required) validates;
+    running every stage still requires it, and a section present is validated even when its stage
+    will not run."""
+    from specdraft.core.errors import ConfigError
+    from specdraft.pipeline.run import select_stages
+
+    path = tmp_path / "no-eval.yaml"
+    path.write_text(yaml.safe_dump({"run_dir": str(tmp_path / "r"),
+                                    "generate": {"prompts": "builtin:demo_train"}}))
+    selected = [s.name for s in select_stages(None, "export")]
+    config = PipelineConfig.from_yaml(path, selected=selected)
+    assert list(config.stages) == ["generate", "prepare", "vocab", "extract", "train", "export"]
+    with pytest.raises(ConfigError, match=r"\[eval\].*--prompts"):
+        PipelineConfig.from_yaml(path)
+    path.write_text(yaml.safe_dump({"run_dir": str(tmp_path / "r"), "eval": {"k": 0},
+                                    "generate": {"prompts": "builtin:demo_train"}}))
+    with pytest.raises(ConfigError, match=r"\[eval\].*--k"):
+        PipelineConfig.from_yaml(path, selected=selected)

@@ -25,6 +25,8 @@ def command(
     if config is None:
         raise typer.BadParameter("give a CONFIG.yaml (or --dump-config)")
     from specdraft.pipeline.config import PipelineConfig
-    from specdraft.pipeline.run import run
+    from specdraft.pipeline.run import run, select_stages
 
-    run(PipelineConfig.from_yaml(config, run_dir=run_dir), from_stage=from_stage, until=until)
+    selected = [spec.name for spec in select_stages(from_stage, until)]
+    run(PipelineConfig.from_yaml(config, run_dir=run_dir, selected=selected),
+        from_stage=from_stage, until=until)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from specdraft.core.config import StageConfig, load_yaml
 from specdraft.core.errors import ConfigError
@@ -38,8 +38,14 @@ class PipelineConfig:
     source: str
 
     @classmethod
-    def from_yaml(cls, path: str | Path, *, run_dir: str | None = None) -> "PipelineConfig":
+    def from_yaml(cls, path: str | Path, *, run_dir: str | None = None,
+                  selected: Sequence[str] | None = None) -> "PipelineConfig":
         """Load and validate ``path``; ``run_dir`` (the ``--run-dir`` flag) overrides the file's.
+
+        ``selected`` (default: every stage) are the stages ``--from``/``--until`` will run. A
+        stage is validated when it is selected or its section is in the file; an absent section
+        of a stage that will not run is left out of ``stages`` (``--until export`` needs no
+        ``eval`` section and its required ``prompts``).
 
         Raises :class:`ConfigError` naming the file, section and flag.
         """
@@ -58,8 +64,10 @@ class PipelineConfig:
                                   f"{type(data[spec.name]).__name__}")
         sections = {spec.name: dict(data.get(spec.name) or {}) for spec in STAGES}
         _eval_the_export(sections, shared["run_dir"])
+        wanted = set(STAGE_NAMES if selected is None else selected) | {
+            name for name in STAGE_NAMES if data.get(name) is not None}
         stages = {spec.name: _stage_config(spec, sections[spec.name], shared, path)
-                  for spec in STAGES}
+                  for spec in STAGES if spec.name in wanted}
         return cls(stages=stages, source=str(path), **shared)
 
 

@@ -84,7 +84,8 @@ class SharedVerifier:
         return self._loaded
 
 
-def _select(from_stage: str | None, until: str | None) -> list[StageSpec]:
+def select_stages(from_stage: str | None, until: str | None) -> list[StageSpec]:
+    """The stages ``--from``/``--until`` bound, in order; ConfigError on a bad name or order."""
     for flag, name in (("--from", from_stage), ("--until", until)):
         if name is not None and name not in STAGE_NAMES:
             raise ConfigError(f"{flag} {name}: not a stage; stages are {list(STAGE_NAMES)}")
@@ -114,7 +115,7 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
     verifier = SharedVerifier(stream)
     actions: dict[str, str] = {}
     upstream_ran = False
-    for spec in _select(from_stage, until):
+    for spec in select_stages(from_stage, until):
         cfg = config.stages[spec.name]
         state = stage_state(run_dir, spec, cfg, started)
         if state == "complete" and not upstream_ran:
