@@ -73,6 +73,16 @@ def test_each_stage_gets_the_verifier_its_section_asks_for(tmp_path, recorder):
         stream.getvalue()
 
 
+def test_an_engine_backed_stage_gets_no_in_process_verifier(tmp_path, recorder):
+    """``extract.backend: vllm`` runs the verifier in the engine: the pipeline hands extract
+    nothing, and with train's teacher check off no stage loads the verifier in transformers."""
+    run(config(tmp_path, generate={"backend": "openai", "endpoint": ["http://127.0.0.1:9/v1"]},
+               extract={"backend": "vllm"}, train={"teacher_check": False},
+               eval={"server": "http://127.0.0.1:9/v1"}), stream=io.StringIO())
+    assert [name for name, v in recorder if v is not None] == []
+    assert [name for name, _ in recorder] == list(stages.STAGE_NAMES)
+
+
 def test_a_stage_with_its_own_verifier_path(tmp_path, recorder):
     run(config(tmp_path, extract={"verifier": "/models/other", "trust_remote_code": True}),
         stream=io.StringIO())

@@ -60,7 +60,8 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("vocab", "specdraft.vocab.config:VocabConfig",
               "specdraft.vocab.run:run", ("prepare",), lambda c: False),
     StageSpec("extract", "specdraft.extract.config:ExtractConfig",
-              "specdraft.extract.run:run", ("prepare",), lambda c: True),
+              "specdraft.extract.run:run", ("prepare",),
+              lambda c: c.backend != "vllm"),  # the engine loads its own verifier
     StageSpec("train", "specdraft.train.config:TrainConfig",
               "specdraft.train.run:run", ("extract", "vocab"),
               lambda c: bool(c.online) or c.teacher_check),  # the check's fresh forward
