@@ -40,6 +40,8 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
     ("prepare", "think_tokens"): (["--think-tokens", "<t>,</t>"], ("<t>", "</t>")),
     ("prepare", "stop_tokens"): (["--stop-tokens", "<|im_end|>", "--stop-tokens", "<eos>"],
                                  ("<|im_end|>", "<eos>")),
+    ("generate", "stop_tokens"): (["--stop-tokens", "<|im_end|>", "--stop-tokens", "<eos>"],
+                                 ("<|im_end|>", "<eos>")),
     ("prepare", "reasoning_format"): (["--reasoning-format", "{reasoning}|{close}"],
                                       "{reasoning}|{close}"),
     ("extract", "aux_layers"): (["--aux-layers", "1, 5,9"], (1, 5, 9)),

@@ -149,3 +149,49 @@ def test_until_needs_no_section_of_a_stage_that_will_not_run(tmp_path):
                                     "generate": {"prompts": "builtin:demo_train"}}))
     with pytest.raises(ConfigError, match=r"\[eval\].*--k"):
         PipelineConfig.from_yaml(path, selected=selected)
+
+
+def test_one_chat_format_per_run(tmp_path, verifier8):
+    """A chat setting given in one stage section (here generate's, as a user writes it) reaches
+    every stage that renders chats, so local generation and prepare agree: before, this run
+    stopped at prepare ("prepare would render chats unlike the local generation"). ``chat:``
+    sets it once; two different values are refused naming both places."""
+    from specdraft.core.errors import ConfigError
+
+    kwargs = {"enable_thinking": False}
+    cfg = write_config(tmp_path / "a.yaml", tmp_path / "a", verifier8,
+                       generate={"chat_template_kwargs": kwargs})
+    config = PipelineConfig.from_yaml(cfg)
+    assert [config.stages[s].chat_template_kwargs for s in ("generate", "prepare", "eval")] \
+        == [kwargs] * 3
+    manifest = run(config, until="prepare")
+    assert manifest["actions"] == {"generate": "ran", "prepare": "ran"}
+    chat = json.loads((tmp_path / "a" / "prepare" / "chat_format.json").read_text())
+    assert chat["kwargs"] == kwargs
+
+    cfg = write_config(tmp_path / "b.yaml", tmp_path / "b", verifier8,
+                       chat={"think_tokens": ["<t>", "</t>"], "stop_tokens": ["<|im_end|>"]})
+    config = PipelineConfig.from_yaml(cfg)
+    gen, prep = config.stages["generate"], config.stages["prepare"]
+    assert (gen.think_open, gen.think_close, gen.stop_tokens) == ("<t>", "</t>", ("<|im_end|>",))
+    assert (prep.think_tokens, prep.stop_tokens) == (("<t>", "</t>"), ("<|im_end|>",))
+
+    from transformers import AutoTokenizer
+
+    template = tmp_path / "template.jinja"
+    template.write_text("{#- ours -#}" + AutoTokenizer.from_pretrained(verifier8).chat_template)
+    cfg = write_config(tmp_path / "t.yaml", tmp_path / "t", verifier8, chat={
+        "template": str(template), "stop_tokens": ["<|im_end|>"]})
+    run(PipelineConfig.from_yaml(cfg), until="prepare")       # local generation renders with it
+    for stage in ("generate", "prepare"):
+        chat = json.loads((tmp_path / "t" / stage / "chat_format.json").read_text())
+        assert (chat["template_source"], chat["stop_tokens"]) == (str(template), ["<|im_end|>"])
+
+    cfg = write_config(tmp_path / "c.yaml", tmp_path / "c", verifier8, chat={
+        "template_kwargs": kwargs}, prepare={"chat_template_kwargs": {"enable_thinking": True}})
+    with pytest.raises(ConfigError, match=r"`template_kwargs` differs \(chat: .*prepare\."
+                                          r"chat_template_kwargs: .*set it once under `chat:`"):
+        PipelineConfig.from_yaml(cfg)
+    cfg = write_config(tmp_path / "d.yaml", tmp_path / "d", verifier8, chat={"templat": "x"})
+    with pytest.raises(ConfigError, match=r"\[chat\]: unknown key\(s\) \['templat'\]"):
+        PipelineConfig.from_yaml(cfg)

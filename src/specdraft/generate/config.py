@@ -105,6 +105,17 @@ class GenerateConfig(StageConfig):
                                                            "samples are written anyway.")
     progress_interval_s: float = Field(30.0, gt=0, description="Seconds between progress "
                                                                "lines.")
+    # the chat format of local generation (a server renders with its own)
+    chat_template: str | None = Field(None, description="Local backend: template file "
+                                                        "replacing the tokenizer's.")
+    stop_tokens: tuple[str, ...] | None = Field(None, description="Local backend: end-of-turn "
+                                                                  "token(s) (default: detected "
+                                                                  "from the template).")
+
+    @field_validator("stop_tokens", mode="before")
+    @classmethod
+    def _split_stop_tokens(cls, v: Any) -> Any:
+        return tuple(t.strip() for t in v.split(",") if t.strip()) if isinstance(v, str) else v
 
     @field_validator("fields")
     @classmethod

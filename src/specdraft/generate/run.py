@@ -292,7 +292,7 @@ def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
                verifier: Any) -> dict[str, Any]:
     """Generate in-process; the chat format is resolved here (the first stage to touch the
     tokenizer) and saved as ``RUN/generate/chat_format.json`` for prepare to check against."""
-    from specdraft.core.chat import ChatFormat
+    from specdraft.core.chat import DEFAULT_THINK, ChatFormat
     from specdraft.core.verifier import load_tokenizer, load_verifier
     from specdraft.generate.local_backend import LocalBackend
 
@@ -304,7 +304,11 @@ def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
         model, tok = verifier if verifier is not None else (
             load_verifier(config.verifier, dtype=config.dtype, device=config.device),
             load_tokenizer(config.verifier))
-        fmt = ChatFormat.resolve(tok, kwargs=config.chat_template_kwargs)
+        think = (config.think_open, config.think_close)
+        fmt = ChatFormat.resolve(tok, chat_template=config.chat_template,
+                                 kwargs=config.chat_template_kwargs,
+                                 think_tokens=None if think == DEFAULT_THINK else think,
+                                 stop_tokens=config.stop_tokens)
         backend = LocalBackend(model, tok, name=Path(config.verifier).name,
                                max_tokens=config.max_tokens, temperature=config.temperature,
                                top_p=config.top_p, seed=config.seed, chat_format=fmt)

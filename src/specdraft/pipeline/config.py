@@ -6,16 +6,23 @@ verifier: smollm2           # shared: HF dir, .gguf file, or the embedded defaul
 device: cpu                 # shared: where the verifier runs (generate/extract/train/eval)
 generate: {prompts: builtin:demo_train, max_tokens: 128}
 prepare: {max_seq_len: 1024}
+chat: {template_kwargs: {enable_thinking: false}}   # shared: the run's one chat format
 ...
 ```
 
 Each section takes exactly the fields of that stage's config (the stage's CLI flags with
 ``_``); the shared keys are filled into every section that has such a field and does not set
 it. Sections are validated on load, each error naming the section and flag.
+
+The chat format is one setting per run (:data:`CHAT_FIELDS`): given under ``chat:`` or in any
+one stage section, it is filled into every stage that renders chats (generate, prepare, eval),
+so local generation and prepare cannot disagree; two different values are refused, naming
+both places.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,6 +32,17 @@ from specdraft.core.errors import ConfigError
 from specdraft.pipeline.stages import STAGE_NAMES, STAGES
 
 SHARED_KEYS = ("run_dir", "verifier", "device")
+
+#: The run's chat format: ``chat:`` key -> ``{stage: field}`` of each stage that renders chats.
+#: ``think_tokens`` is ``[opener, closer]``; generate keeps them as ``think_open``/``think_close``.
+CHAT_FIELDS: dict[str, dict[str, str]] = {
+    "template": {"generate": "chat_template", "prepare": "chat_template",
+                 "eval": "chat_template"},
+    "template_kwargs": {"generate": "chat_template_kwargs", "prepare": "chat_template_kwargs",
+                        "eval": "chat_template_kwargs"},
+    "think_tokens": {"generate": "think_open,think_close", "prepare": "think_tokens"},
+    "stop_tokens": {"generate": "stop_tokens", "prepare": "stop_tokens"},
+}
 
 
 @dataclass(frozen=True)
@@ -50,10 +68,10 @@ class PipelineConfig:
         Raises :class:`ConfigError` naming the file, section and flag.
         """
         data = load_yaml(path)
-        unknown = sorted(set(data) - set(SHARED_KEYS) - set(STAGE_NAMES))
+        unknown = sorted(set(data) - set(SHARED_KEYS) - set(STAGE_NAMES) - {"chat"})
         if unknown:
-            raise ConfigError(f"{path}: unknown key(s) {unknown}; expected {list(SHARED_KEYS)} "
-                              f"and stage sections {list(STAGE_NAMES)}")
+            raise ConfigError(f"{path}: unknown key(s) {unknown}; expected {list(SHARED_KEYS)}, "
+                              f"`chat` and stage sections {list(STAGE_NAMES)}")
         shared = {"run_dir": run_dir or data.get("run_dir"),
                   "verifier": data.get("verifier", "smollm2"), "device": data.get("device", "cpu")}
         if not shared["run_dir"]:
@@ -63,12 +81,63 @@ class PipelineConfig:
                 raise ConfigError(f"{path}: section `{spec.name}` must be a mapping, got "
                                   f"{type(data[spec.name]).__name__}")
         sections = {spec.name: dict(data.get(spec.name) or {}) for spec in STAGES}
+        _one_chat_format(sections, data.get("chat"), path)
         _eval_the_export(sections, shared["run_dir"])
         wanted = set(STAGE_NAMES if selected is None else selected) | {
             name for name in STAGE_NAMES if data.get(name) is not None}
         stages = {spec.name: _stage_config(spec, sections[spec.name], shared, path)
                   for spec in STAGES if spec.name in wanted}
         return cls(stages=stages, source=str(path), **shared)
+
+
+def _one_chat_format(sections: dict[str, dict[str, Any]], chat: Any, path: str | Path) -> None:
+    """Fill the run's chat format (:data:`CHAT_FIELDS`) into every stage that renders chats.
+
+    Each value comes from ``chat:`` or from the one stage section that sets it; raises
+    :class:`ConfigError` naming both places when two of them set it differently."""
+    if chat is not None and not isinstance(chat, dict):
+        raise ConfigError(f"{path}: section `chat` must be a mapping, got {type(chat).__name__}")
+    chat = dict(chat or {})
+    unknown = sorted(set(chat) - set(CHAT_FIELDS))
+    if unknown:
+        raise ConfigError(f"{path} [chat]: unknown key(s) {unknown}; expected {list(CHAT_FIELDS)}")
+    for key, targets in CHAT_FIELDS.items():
+        found = {"chat": chat[key]} if key in chat else {}
+        for stage, field in targets.items():
+            value = _chat_value(sections[stage], field)
+            if value is not None:
+                found[f"{stage}.{field}"] = value
+        if len({json.dumps(v, sort_keys=True) for v in found.values()}) > 1:
+            places = ", ".join(f"{where}: {json.dumps(v)}" for where, v in found.items())
+            raise ConfigError(f"{path}: the chat format is one setting per run, but `{key}` "
+                              f"differs ({places}); set it once under `chat:`")
+        if found:
+            value = next(iter(found.values()))
+            for stage, field in targets.items():
+                _set_chat_value(sections[stage], field, value)
+
+
+def _chat_value(section: dict[str, Any], field: str) -> Any:
+    """A section's value of a :data:`CHAT_FIELDS` field (think tokens as a list), or None."""
+    if "," in field:  # generate's think_open / think_close: both or neither
+        names = field.split(",")
+        given = [n for n in names if n in section]
+        if len(given) == 1:
+            raise ConfigError(f"[generate]: `{given[0]}` without its pair; set both, or "
+                              f"`chat: {{think_tokens: [OPENER, CLOSER]}}`")
+        return [section[n] for n in names] if given else None
+    value = section.get(field)
+    if field == "think_tokens" and isinstance(value, str):
+        return [t.strip() for t in value.split(",")]
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _set_chat_value(section: dict[str, Any], field: str, value: Any) -> None:
+    if "," in field:
+        for name, token in zip(field.split(","), value):
+            section[name] = token
+    else:
+        section[field] = value
 
 
 def _eval_the_export(sections: dict[str, dict[str, Any]], run_dir: str) -> None:

@@ -20,6 +20,10 @@ _HEADER = """\
 run_dir: runs/my-run        # required
 verifier: smollm2           # HF model dir, .gguf file, or smollm2 (the embedded default)
 device: cpu                 # cpu, cuda, cuda:1, ...
+# The run's one chat format, filled into generate, prepare and eval (set it here or in one
+# section, never differently in two): template (file), template_kwargs, think_tokens
+# ([opener, closer]), stop_tokens (list).
+chat: {}
 """
 
 

@@ -61,7 +61,8 @@ def resolve_chat_format(config: PrepareConfig, tokenizer: Any) -> ChatFormat:
             raise ConfigError(f"prepare would render chats unlike the local generation that "
                               f"produced the answers ({generated}): {differs} differ; give "
                               f"prepare the same --chat-template / --chat-template-kwargs / "
-                              f"--stop-tokens / --think-tokens as generate")
+                              f"--stop-tokens / --think-tokens as generate (in `specdraft run`, "
+                              f"set them once under `chat:`)")
     return fmt
 
 
