@@ -139,3 +139,46 @@ def test_server_gone_and_back_every_prompt_once(tmp_path, with_bad):
     assert m["retries_by_endpoint"].get(url, 0) == m["retries"]["connection"] + \
         m["retries"].get("timeout", 0)
     assert m["retries_by_endpoint"].get(bad_url, 0) == sum(bad.sent.values())
+
+
+def test_outage_longer_than_the_retry_budget_then_resume(tmp_path):
+    """The only server is gone for longer than the retry budget (2 retries, ~0.1 s): the
+    prompts it could not answer are rejected with reason ``error`` naming the refused
+    connection; ``--resume`` once it is back answers exactly those, and every id ends in
+    samples.jsonl once."""
+    good = CountingHandler(delay_s=0.01)
+    prompts = _prompts(tmp_path, 120)
+    server = LoopbackServer(good)
+    server.start()
+
+    async def stop_after_40(body):
+        if sum(good.answered.values()) >= 40:
+            return Reply(drop=True)
+        return await good(body)
+
+    server.handler = stop_after_40  # answers 40, then drops every connection
+    settings = dict(max_retries=2, model="m", concurrency=16)
+    m1 = run(_settings(tmp_path, prompts, [server.url], **settings), stream=io.StringIO())
+    out = tmp_path / "run/generate"
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    done = _ids(out / "samples.jsonl")
+    assert len(done) >= 40 and len(done) + len(rejects) == 120
+    assert {r["reason"] for r in rejects} == {"error"}
+    assert all("connection" in r["detail"] and "after 3 attempts" in r["detail"]
+               for r in rejects)
+    assert m1["counts"]["rejected"] == {"error": len(rejects)}
+    assert m1["failed_requests"] == {"connection": len(rejects)}
+    server.handler = good  # back
+    answered_before = Counter(good.answered)
+    try:
+        m2 = run(_settings(tmp_path, prompts, [server.url], resume=True, **settings),
+                 stream=io.StringIO())
+    finally:
+        server.stop()
+    ids = _ids(out / "samples.jsonl")
+    assert sorted(ids) == sorted(f"q{i}" for i in range(120))  # each once, none lost
+    assert (out / "rejects.jsonl").read_text() == ""
+    again = good.answered - answered_before
+    assert sorted(again) == sorted(r["messages"][0]["content"] for r in rejects)  # only those
+    assert m2["counts"]["retried_errors"] == len(rejects)
+    assert m2["counts"]["already_done"] == len(done) and m2["counts"]["samples"] == 120
