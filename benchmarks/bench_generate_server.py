@@ -13,7 +13,7 @@ without faults for comparison. ``tests/engine/test_vllm_server_faults.py`` runs
 :func:`run_under_faults` and checks the output line by line.
 
     python benchmarks/bench_generate_server.py [--prompts 256] [--concurrency 64]
-        [--max-tokens 16] [--kill-after 32] [--clean]
+        [--max-tokens 16] [--kill-after 128] [--clean]
 
 Needs the vLLM venv (``SPECDRAFT_VLLM_PYTHON`` or ``.venv-vllm/bin/python``).
 """
@@ -289,7 +289,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--kill-after", type=int, default=32, help="samples on disk before the kill")
+    ap.add_argument("--kill-after", type=int, default=128, help="samples on disk before the kill")
     ap.add_argument("--clean", action="store_true", help="also time a run without faults")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_generate_server_"))

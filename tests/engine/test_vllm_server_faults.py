@@ -22,7 +22,7 @@ from bench_generate_server import (VllmServer, build_tiny_verifier,  # noqa: E40
 from specdraft.generate.samples import REASONS  # noqa: E402
 
 pytestmark = pytest.mark.slow
-PROMPTS, CONCURRENCY, MAX_TOKENS, KILL_AFTER = 192, 64, 16, 24
+PROMPTS, CONCURRENCY, MAX_TOKENS, KILL_AFTER = 192, 64, 16, 96
 
 
 @pytest.fixture(scope="module")
