@@ -182,3 +182,16 @@ def test_outage_longer_than_the_retry_budget_then_resume(tmp_path):
     assert sorted(again) == sorted(r["messages"][0]["content"] for r in rejects)  # only those
     assert m2["counts"]["retried_errors"] == len(rejects)
     assert m2["counts"]["already_done"] == len(done) and m2["counts"]["samples"] == 120
+
+
+def test_backoff_after_thousands_of_failures_is_the_cap():
+    """An endpoint that fails all day counts thousands of consecutive failures; 2**2000 is no
+    float (it raised OverflowError before the exponent was clamped)."""
+    import random
+
+    from specdraft.generate.client import backoff_s
+
+    rng = random.Random(0)
+    waits = [backoff_s(n, 1.0, 60.0, rng) for n in (6, 64, 1100, 5000)]
+    assert all(30.0 <= w <= 60.0 for w in waits), waits
+    assert 0.25 <= backoff_s(1, 0.5, 60.0, rng) <= 1.0  # d = 0.5 * 2**1 = 1 s

@@ -81,8 +81,9 @@ def chat_url(endpoint: str) -> str:
 
 def backoff_s(attempt: int, base: float, cap: float, rng: random.Random) -> float:
     """Seconds to wait before retry number ``attempt`` (0-based): "equal jitter" exponential
-    backoff, uniform in ``[d/2, d]`` with ``d = min(cap, base * 2**attempt)``."""
-    d = min(cap, base * (2 ** attempt))
+    backoff, uniform in ``[d/2, d]`` with ``d = min(cap, base * 2**attempt)``. The exponent is
+    clamped at 64 (an endpoint failing thousands of times in a row would overflow a float)."""
+    d = min(cap, base * (2.0 ** min(attempt, 64)))
     return d / 2 + rng.uniform(0, d / 2)
 
 
