@@ -6,6 +6,12 @@ connection errors (refused, reset, dropped without a response) and malformed bod
 no ``choices[0].message``). Other HTTP errors (400, 401, 404, 422, ...) fail at once: retrying
 cannot fix the request. The API key is read from the environment and only ever sent as the
 ``Authorization`` header; it never appears in records, manifests or messages.
+
+Endpoint health: an endpoint whose attempt failed with a retryable error is *cooling down* for
+:func:`backoff_s` of its consecutive failures (a success ends it) and is not picked while another
+is up; a retry goes to another endpoint than the one that just failed when there is one. Without
+this, "fewest in flight" sends nearly every request to an endpoint that fails at once (it never
+has any in flight), and prompts are lost although a healthy endpoint is there.
 """
 
 from __future__ import annotations
@@ -75,8 +81,9 @@ def chat_url(endpoint: str) -> str:
 
 def backoff_s(attempt: int, base: float, cap: float, rng: random.Random) -> float:
     """Seconds to wait before retry number ``attempt`` (0-based): "equal jitter" exponential
-    backoff, uniform in ``[d/2, d]`` with ``d = min(cap, base * 2**attempt)``."""
-    d = min(cap, base * (2 ** attempt))
+    backoff, uniform in ``[d/2, d]`` with ``d = min(cap, base * 2**attempt)``. The exponent is
+    clamped at 64 (an endpoint failing thousands of times in a row would overflow a float)."""
+    d = min(cap, base * (2.0 ** min(attempt, 64)))
     return d / 2 + rng.uniform(0, d / 2)
 
 
@@ -115,7 +122,8 @@ class OpenAIBackend:
     ``endpoints``: base URLs, load-spread by fewest requests in flight (ties round-robin).
     ``body_defaults``: fields sent with every request (``max_tokens``, ``temperature``,
     ``chat_template_kwargs``, ``return_token_ids``, extra body fields, ...). ``retries`` counts
-    failed attempts by kind; ``failures`` counts requests that failed for good.
+    failed attempts by kind, ``retries_by_endpoint`` by endpoint base URL; ``failures`` counts
+    requests that failed for good.
     """
 
     def __init__(self, endpoints: list[str], *, model: str | None,
@@ -130,8 +138,11 @@ class OpenAIBackend:
         self.max_retries = max_retries
         self.backoff = (backoff_base_s, backoff_max_s)
         self.retries: Counter[str] = Counter()
+        self.retries_by_endpoint: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
         self._inflight = {u: 0 for u in self.urls}
+        self._fails = {u: 0 for u in self.urls}  # consecutive failed attempts
+        self._down_until = {u: 0.0 for u in self.urls}  # time.monotonic() seconds
         self._rr = itertools.count()
         self._rng = random.Random(seed)
         self._clients: asyncio.Queue[httpx.AsyncClient] = asyncio.Queue()
@@ -164,24 +175,50 @@ class OpenAIBackend:
         await asyncio.gather(*(c.aclose() for c in self._all), return_exceptions=True)
 
     async def resolve_model(self) -> str:
-        """The model name: the configured one, else the first id of ``GET /v1/models``."""
+        """The model name: the configured one, else the first id of ``GET /v1/models`` of the
+        first endpoint that answers it (one endpoint down at start does not stop the run).
+        Raises the last endpoint's error when none answers."""
         if self.model:
             return self.model
-        url = self.urls[0].removesuffix("/chat/completions") + "/models"
         client = await self._acquire()
         try:
-            resp = await client.get(url)
+            for i, chat in enumerate(self.urls):
+                try:
+                    resp = await client.get(chat.removesuffix("/chat/completions") + "/models")
+                    resp.raise_for_status()
+                    self.model = resp.json()["data"][0]["id"]
+                    return self.model
+                except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
+                    if i == len(self.urls) - 1:
+                        raise
         finally:
             self._clients.put_nowait(client)
-        resp.raise_for_status()
-        self.model = resp.json()["data"][0]["id"]
-        return self.model
+        raise AssertionError("unreachable")
 
-    def _pick(self) -> str:
+    def _pick(self, avoid: str | None = None) -> str:
+        """The endpoint for the next attempt: among those up (not cooling down; all of them when
+        none is), not ``avoid`` (the one that just failed) unless it is the only one, the one
+        with fewest requests in flight (ties round-robin); when all cool down, the one that
+        recovers first."""
         turn = next(self._rr)
         n = len(self.urls)
         order = [self.urls[(turn + i) % n] for i in range(n)]
-        return min(order, key=lambda u: self._inflight[u])
+        now = time.monotonic()
+        up = [u for u in order if self._down_until[u] <= now]
+        pool = [u for u in (up or order) if u != avoid] or [avoid]
+        if up:
+            return min(pool, key=lambda u: self._inflight[u])
+        return min(pool, key=lambda u: self._down_until[u])
+
+    def _health(self, url: str, ok: bool) -> None:
+        """Record an attempt's outcome: a success ends the endpoint's cooldown, a retryable
+        failure starts one of :func:`backoff_s` (its consecutive failures so far)."""
+        if ok:
+            self._fails[url], self._down_until[url] = 0, 0.0
+            return
+        self._fails[url] += 1
+        cool = backoff_s(self._fails[url] - 1, *self.backoff, self._rng)
+        self._down_until[url] = time.monotonic() + cool
 
     async def complete(self, messages: list[dict[str, Any]]) -> TurnOutput:
         """One chat completion for ``messages``, retried as described in the module docstring.
@@ -190,12 +227,17 @@ class OpenAIBackend:
         """
         body = {"model": self.model, "messages": messages, **self.body_defaults}
         payload = json.dumps(body, ensure_ascii=False).encode()
+        url = None
         for attempt in range(self.max_retries + 1):
-            url = self._pick()
+            url = self._pick(avoid=url)
             try:
-                return await self._attempt(url, payload, attempt + 1)
+                out = await self._attempt(url, payload, attempt + 1)
+                self._health(url, ok=True)
+                return out
             except RetryableError as err:
+                self._health(url, ok=False)
                 self.retries[err.kind] += 1
+                self.retries_by_endpoint[url.removesuffix("/chat/completions")] += 1
                 if attempt == self.max_retries:
                     self.failures[err.kind] += 1
                     raise RequestFailed(err.kind, f"{url}: {err}", attempt + 1) from None

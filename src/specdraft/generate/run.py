@@ -255,6 +255,7 @@ async def _run_openai(todo: list[Prompt], config: GenerateConfig, sink: Sink,
 
         await _drive([worker() for _ in range(min(config.concurrency, len(todo)))], sink)
     return {"model": model, "endpoints": be.urls, "retries": dict(sorted(be.retries.items())),
+            "retries_by_endpoint": dict(sorted(be.retries_by_endpoint.items())),
             "failed_requests": dict(sorted(be.failures.items()))}
 
 
@@ -263,9 +264,9 @@ async def _resolve_model(be: Any) -> str:
 
     try:
         return await be.resolve_model()
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as err:
-        raise ConfigError(f"--endpoint {be.urls[0]}: could not list models "
-                          f"({type(err).__name__}: {err}); pass --model NAME") from None
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as err:
+        raise ConfigError(f"--endpoint: no endpoint could list its models (last, {be.urls[-1]}: "
+                          f"{type(err).__name__}: {err}); pass --model NAME") from None
 
 
 async def _drive(coros: list[Any], sink: Sink) -> None:
