@@ -69,12 +69,12 @@ def normalized_config(hf_config: Any) -> dict[str, Any]:
     return json.loads(json.dumps(kept, sort_keys=True, default=str))  # as stored in manifests
 
 
-def quantization(hf_config: Any, gguf_path: Path | None) -> dict[str, Any] | None:
-    """How the weights are quantized: the GGUF file type and tensor types, else
-    ``quantization_config`` (``quant_method`` first: gptq, awq, compressed-tensors,
-    bitsandbytes, fp8, ...), else None for plain float weights."""
-    if gguf_path is not None:
-        return _gguf_quantization(gguf_path)
+def quantization(hf_config: Any, gguf: Any = None) -> dict[str, Any] | None:
+    """How the weights are quantized: the GGUF file type and tensor types (``gguf``: a
+    ``gguf.GGUFReader`` of the file), else ``quantization_config`` (``quant_method`` first:
+    gptq, awq, compressed-tensors, bitsandbytes, fp8, ...), else None for plain float weights."""
+    if gguf is not None:
+        return _gguf_quantization(gguf)
     q = getattr(hf_config, "quantization_config", None)
     if q is None:
         return None
@@ -82,10 +82,9 @@ def quantization(hf_config: Any, gguf_path: Path | None) -> dict[str, Any] | Non
     return {"method": str(q.get("quant_method", "unknown")), "config": q}
 
 
-def _gguf_quantization(path: Path) -> dict[str, Any]:
-    from gguf import GGUFReader, LlamaFileType
+def _gguf_quantization(reader: Any) -> dict[str, Any]:
+    from gguf import LlamaFileType
 
-    reader = GGUFReader(str(path))
     types: dict[str, int] = {}
     for t in reader.tensors:
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
@@ -137,11 +136,10 @@ def _safetensors_table(directory: Path) -> list[_Tensor]:
     return table
 
 
-def _gguf_table(path: Path) -> list[_Tensor]:
-    """Every tensor of a GGUF file from its tensor-info table (``gguf.GGUFReader``)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+def _gguf_table(reader: Any) -> list[_Tensor]:
+    """Every tensor of a GGUF file from its tensor-info table (a ``gguf.GGUFReader``; offsets
+    are absolute in the file)."""
+    path = Path(reader.data.filename)
     return [_Tensor(t.name, t.tensor_type.name, tuple(int(s) for s in t.shape), path,
                     int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
 
@@ -153,12 +151,12 @@ def _sample_ranges(t: _Tensor) -> list[tuple[int, int]]:
     return [(t.start + s, n) for s in starts]
 
 
-def weights_fingerprint(directory: Path, gguf_path: Path | None) -> dict[str, Any]:
+def weights_fingerprint(directory: Path, gguf: Any = None) -> dict[str, Any]:
     """SHA-256 of the tensor table (names, dtypes, shapes) and of the sampled bytes of
     :data:`SAMPLE_TENSORS` tensors evenly spaced over the sorted names; reads at most
     ``3 · SAMPLE_TENSORS · SAMPLE_BYTES`` bytes of weights (96 KiB), whatever the model size.
     Raises :class:`ConfigError` when no weights file is found."""
-    table = _gguf_table(gguf_path) if gguf_path is not None else _safetensors_table(directory)
+    table = _gguf_table(gguf) if gguf is not None else _safetensors_table(directory)
     if not table:
         raise ConfigError(f"--verifier {directory}: no *.safetensors weights to fingerprint")
     table.sort(key=lambda t: t.name)
@@ -198,29 +196,55 @@ def tokenizer_hashes(tokenizer: Any) -> dict[str, str]:
 # ---------------------------------------------------------------- identity
 
 
+_CACHE: dict[tuple, dict[str, Any]] = {}  # one process (``specdraft run``) reads each once
+
+
+def _stamp(directory: str, gguf_file: str | None) -> tuple:
+    """Size and mtime of every file the identity reads: a changed file is read again."""
+    files = [Path(directory) / gguf_file] if gguf_file else sorted(
+        f for f in Path(directory).iterdir() if f.is_file())
+    return tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+
+
 def identify(verifier: str | os.PathLike, *, tokenizer: Any = None,
              trust_remote_code: bool = False) -> dict[str, Any]:
     """The identity record of ``verifier`` (HF directory, ``.gguf`` file or ``smollm2``):
     config hash and normalised config, quantization, weight fingerprint, tokenizer and chat
     template hashes. Reads config, tokenizer and a few KiB of weights; never loads the model.
-    ``tokenizer``: an already loaded tokenizer of the same path (saves loading it again)."""
-    from transformers import AutoConfig
-
-    from specdraft.core.verifier import load_tokenizer, resolve_verifier
+    ``tokenizer``: an already loaded tokenizer of the same path (saves loading it again).
+    Cached per process by the files' sizes and mtimes."""
+    from specdraft.core.verifier import resolve_verifier
 
     directory, gguf_file = resolve_verifier(verifier)
-    gguf_path = Path(directory) / gguf_file if gguf_file else None
+    key = (str(Path(directory).resolve()), gguf_file, trust_remote_code,
+           _stamp(directory, gguf_file))
+    if key not in _CACHE:
+        _CACHE[key] = _identify(directory, gguf_file, verifier, tokenizer, trust_remote_code)
+    return {**_CACHE[key], "path": str(verifier)}
+
+
+def _identify(directory: str, gguf_file: str | None, verifier: str | os.PathLike,
+              tokenizer: Any, trust_remote_code: bool) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    from specdraft.core.verifier import load_tokenizer
+
+    gguf = None
+    if gguf_file:
+        from gguf import GGUFReader
+
+        gguf = GGUFReader(str(Path(directory) / gguf_file))
     hf = AutoConfig.from_pretrained(directory, gguf_file=gguf_file,
                                     trust_remote_code=trust_remote_code)
     config = normalized_config(hf)
     if tokenizer is None:
         tokenizer = load_tokenizer(verifier, trust_remote_code=trust_remote_code)
-    dtype = getattr(hf, "torch_dtype", None) or getattr(hf, "dtype", None)
+    dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
     return {"version": IDENTITY_VERSION, "path": str(verifier),
             "config_sha256": _sha256(config), "config": config,
             "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
-            "quantization": quantization(hf, gguf_path),
-            "weights": weights_fingerprint(Path(directory), gguf_path),
+            "quantization": quantization(hf, gguf),
+            "weights": weights_fingerprint(Path(directory), gguf),
             **tokenizer_hashes(tokenizer)}
 
 
