@@ -63,7 +63,7 @@ FAULTS = {
 
 def test_clean_export_passes(exported, six_layer_verifier_dir, six_layer_verifier):
     bad, r = failing(exported, six_layer_verifier_dir, six_layer_verifier)
-    assert bad == [] and r["ok"] and r["format"] == "sglang" and len(r["checks"]) == 9
+    assert bad == [] and r["ok"] and r["format"] == "sglang" and len(r["checks"]) == 11
 
 
 @pytest.mark.parametrize("check", sorted(FAULTS))

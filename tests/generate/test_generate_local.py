@@ -74,3 +74,29 @@ def test_run_with_loaded_verifier_writes_records(tiny, tmp_path):
         assert turn["completion_token_ids"] == want and turn["finish_reason"] == "length"
     assert m["counts"]["rejected"] == {"truncated": 3} and m["counts"]["samples"] == 0
     assert m["summary"]["completion_tokens"] == 12
+
+
+def test_summary_figures_recount_from_the_written_samples(tiny, tmp_path):
+    """Every figure of the end-of-run summary (issue #24, Deliver 3) recounted from
+    samples.jsonl: total / response tokens, means, unique ids, reasoning %, skipped by reason."""
+    model, tok = tiny
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question": q}) + "\n" for q in ("a?", "b?", "a?")))
+    out = io.StringIO()
+    config = GenerateConfig(prompts=str(prompts), run_dir=str(tmp_path / "run"), max_tokens=4,
+                            batch_size=2, verifier="tiny", keep_truncated=True)
+    s = run(config, verifier=(model, tok), stream=out)["summary"]
+    recs = [json.loads(l) for l in (tmp_path / "run/generate/samples.jsonl").open()]
+    turns = [r["turns"][0] for r in recs]
+    seq = [len(t["prompt_token_ids"]) + len(t["completion_token_ids"]) for t in turns]
+    ids = set().union(*(set(t["prompt_token_ids"]) | set(t["completion_token_ids"])
+                        for t in turns))
+    assert len(recs) == 2 and s["rejected"] == {"duplicate": 1}  # the repeated "a?"
+    assert s["generated"] == s["tokenized"] == 2
+    assert s["total_tokens"] == sum(seq) and s["response_tokens"] == 8
+    assert s["mean_seq_len"] == round(sum(seq) / 2, 1) and s["mean_response_len"] == 4.0
+    assert s["unique_tokens"] == len(ids) and s["with_reasoning_pct"] == 0.0
+    assert s["tokens_per_s"] == pytest.approx(8 / s["elapsed_s"], rel=1e-2)
+    assert s["req_per_s"] == pytest.approx(2 / s["elapsed_s"], rel=1e-2)
+    assert f"tokens: {sum(seq)} total, 8 response" in out.getvalue()
+    assert "skipped: 1 (duplicate=1)" in out.getvalue()

@@ -22,22 +22,38 @@ def test_progress_cadence_and_summary():
     out = io.StringIO()
     p = Progress(4, interval_s=10, stream=out, clock=lambda: now[0])
     now[0] = 5
-    p.update(reject=None, completion_tokens=100, reasoning=True)
+    # sample 1: prompt 20 tokens (ids 1..5 recur), completion 100; ids {1,2,3,4,5,9}
+    p.update(reject=None, completion_tokens=100, reasoning=True, sequence_tokens=120,
+             token_ids={1, 2, 3, 4, 5, 9})
     assert out.getvalue() == ""  # not due before 10 s
     now[0] = 10
-    p.update(reject=None, completion_tokens=300, reasoning=False)
+    # sample 2: two turns, last prompt 150 + completion 200 = 350; ids {4, 5, 6, 7}
+    p.update(reject=None, completion_tokens=300, reasoning=False, sequence_tokens=350,
+             token_ids={4, 5, 6, 7})
     assert out.getvalue() == ("Progress: 2/4 (0 errors), 0.2 req/s, avg completion: 200 tokens, "
                               "elapsed: 10s, ETA: 0.0h\n")
     now[0] = 15
     p.update(reject="error", completion_tokens=0, reasoning=False)
-    p.update(reject="truncated", completion_tokens=400, reasoning=True)
+    p.update(reject="truncated", completion_tokens=400, reasoning=True, sequence_tokens=420,
+             token_ids={11, 12})  # skipped: its tokens count as work, not in the dataset
     assert out.getvalue().count("\n") == 1  # next line due at 20 s
     s = p.summary()
-    assert s == {"generated": 2, "rejected": {"error": 1, "truncated": 1}, "errors": 1,
+    # 4 finished in 15 s: 0.267 req/s; 800 completion tokens / 15 s = 53.3 tokens/s;
+    # generated: 120 + 350 = 470 tokens, 100 + 300 = 400 response, means 235 and 200;
+    # unique ids {1..7, 9} = 8
+    assert s == {"finished": 4, "generated": 2, "tokenized": 2,
+                 "rejected": {"error": 1, "truncated": 1}, "errors": 1,
                  "with_reasoning": 1, "with_reasoning_pct": 50.0, "completion_tokens": 800,
-                 "completion_tokens_mean": 200.0, "elapsed_s": 15.0, "req_per_s": 0.267,
-                 "tokens_per_s": 53.3}
-    assert "rejected: 2 (error=1, truncated=1)" in format_summary(s)
+                 "completion_tokens_mean": 200.0, "total_tokens": 470, "response_tokens": 400,
+                 "mean_seq_len": 235.0, "mean_response_len": 200.0, "unique_tokens": 8,
+                 "elapsed_s": 15.0, "req_per_s": 0.267, "tokens_per_s": 53.3}
+    text = format_summary(s)
+    assert "generated: 2   tokenized: 2 (ids from the backend)   skipped: 2 (error=1, " \
+           "truncated=1)   errors: 1" in text
+    assert "with reasoning: 1 (50.0%)" in text
+    assert "tokens: 470 total, 400 response   mean sequence 235.0, mean response 200.0   " \
+           "unique: 8" in text
+    assert "elapsed: 15.0s   0.27 req/s   53.3 tokens/s" in text
 
 
 def _app():

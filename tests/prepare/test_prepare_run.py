@@ -61,6 +61,10 @@ def test_gsm8k_summary_matches_recount(tmp_path, shared_data, smollm2_tokenizer_
     assert fig["unique_supervised_tokens"] == len(np.unique(sup))
     assert fig["truncated"] == sum(ds["truncated"]) == 1
     assert fig["with_reasoning"] == 0
+    # the rates use the stage's own elapsed time (rounded to 3 decimals)
+    assert 0 < fig["elapsed_s"] <= manifest["elapsed_s"]
+    assert fig["samples_per_s"] == pytest.approx(20 / fig["elapsed_s"], rel=1e-2)
+    assert fig["tokens_per_s"] == pytest.approx(fig["total_tokens"] / fig["elapsed_s"], rel=1e-2)
     assert all(len(i) <= 300 for i in ids)
     # every untruncated row ends with <|im_end|> (id 2), supervised; every prompt is unsupervised
     for i, m, t in zip(ids, masks, ds["truncated"]):

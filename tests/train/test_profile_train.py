@@ -102,3 +102,19 @@ def test_best_and_last_carry_the_profile(run_dir, verifier, source):
     for name in ("best", "last"):
         c = json.loads((run_dir / "train" / name / "drafter_config.json").read_text())
         assert VerifierProfile.from_dict(c["verifier_profile"]) == want
+
+
+def test_the_drafter_carries_the_extracted_verifier_identity(run_dir, verifier, source):
+    """RUN/extract's verifier identity travels into train/best and train/last (export, eval
+    and doctor compare the verifier they are given with it)."""
+    from stubs import write_stub_manifest
+
+    identity = {"version": 1, "path": "/models/v", "config_sha256": "c" * 64,
+                "weights": {"sha256": "w" * 64}}
+    write_stub_manifest(run_dir / "extract", "extract", hidden_size=64,
+                        vocab_size=verifier.config.vocab_size, storage={"format": "fp32"},
+                        verifier_identity=identity)
+    run(cfg(run_dir), verifier=verifier, source=source)
+    for name in ("best", "last"):
+        c = json.loads((run_dir / "train" / name / "drafter_config.json").read_text())
+        assert c["verifier_identity"] == identity

@@ -250,7 +250,8 @@ class ExtractManifest(Manifest):
     """``aux_layer_ids`` and ``n_layers`` may be absent (an edited manifest): readers that need
     them refuse with how to supply them (export's ``--aux-layers`` / ``--verifier``).
     ``profile``: the verifier's :class:`~specdraft.core.profile.VerifierProfile` (None in
-    manifests written before profiles existed)."""
+    manifests written before profiles existed). ``verifier_identity``: the verifier's identity
+    record (:mod:`specdraft.core.verifier_identity`; None in older manifests)."""
 
     aux_layer_ids: list[int] = []
     n_layers: int | None = None
@@ -260,6 +261,7 @@ class ExtractManifest(Manifest):
     verifier: dict[str, Any] = {}
     verify: dict[str, Any] | None = None
     profile: VerifierProfile | None = None
+    verifier_identity: dict[str, Any] | None = None
 
     def figures(self) -> str:
         c, s, v = self.counts, self.storage, self.verify

@@ -50,6 +50,7 @@ class Subject:
     extract: ExtractManifest | None = None
     prepare: PrepareManifest | None = None
     chat_format: ChatFormat | None = None
+    verifier_path: str | None = None
 
     @property
     def vcfg(self) -> Any:
@@ -249,6 +250,37 @@ def check_teacher(s: Subject) -> Check:
                  "output of its own final norm; no all-zero rows), then train again")
 
 
+def check_verifier_identity(s: Subject) -> Check:
+    """The verifier is the model the drafter was trained on
+    (:mod:`specdraft.core.verifier_identity`): config, tokenizer, chat template and a sample of weight bytes against the drafter's record
+    (else RUN/extract's); a quantized variant of it passes, named."""
+    from specdraft.core.verifier_identity import compare, drafter_identity, identify
+
+    name = "verifier is the model the drafter was trained on"
+    recorded = drafter_identity(s.drafter.path, s.drafter.config) or \
+        (s.extract.verifier_identity if s.extract is not None else None)
+    if s.verifier_path is None or recorded is None:
+        return Check(name, True, "no verifier identity recorded with the drafter: not checked")
+    c = compare(recorded, identify(s.verifier_path, tokenizer=s.tokenizer))
+    return Check(name, c.kind != "other", c.line(),
+                 f"point --verifier at the model the drafter was trained on "
+                 f"({recorded.get('path')}), or train a drafter for this one")
+
+
+def check_hidden_probe(s: Subject) -> Check:
+    """A few ``RUN/extract`` rows recomputed with this verifier have the stored hidden states
+    (:func:`specdraft.core.verifier_identity.probe_hidden_states`): catches a verifier whose
+    hidden basis changed (QuaRot-style rotation) while its logits, and every check above, agree."""
+    from specdraft.core.verifier_identity import probe_or_skip
+
+    report = probe_or_skip(s.verifier, s.run_dir)
+    return Check("hidden states = the ones the drafter was trained on",
+                 not report["ran"] or report["ok"], report["line"],
+                 "serve the drafter with the exact verifier it was trained on (a rotated or "
+                 "re-trained checkpoint needs a drafter trained on its own hidden states)")
+
+
 CHECKS: list[Callable[[Subject], Check]] = [
     check_shapes, check_aux_ids, check_vocab, check_embed, check_norm_before_residual,
-    check_max_positions, check_chat_template, check_think_tokens, check_teacher]
+    check_max_positions, check_chat_template, check_think_tokens, check_teacher,
+    check_verifier_identity, check_hidden_probe]

@@ -42,7 +42,7 @@ def subject(config: DoctorConfig, verifier: Any | None = None) -> Subject:
         tokenizer=load_tokenizer(config.verifier), run_dir=run,
         extract=load_stage_manifest(run / "extract") if run else None,
         prepare=load_stage_manifest(run / "prepare") if run else None,
-        chat_format=run_chat_format(run))
+        chat_format=run_chat_format(run), verifier_path=config.verifier)
 
 
 def run(config: DoctorConfig, verifier: Any | None = None) -> dict[str, Any]:

@@ -62,6 +62,10 @@ class EvalConfig(StageConfig):
     engine_tolerance: float = Field(0.05, ge=0.0, description="Largest offline - engine tau gap "
                                                               "at temperature 0.")
     engine_timeout_s: int = Field(3600, ge=1, description="Seconds the engine may run.")
+    allow_other_verifier: bool = Field(
+        False, description="Evaluate even when --verifier is not the model the drafter was "
+                           "trained on, or fails the hidden-state probe (recorded in "
+                           "results.json).")
     out: Path | None = Field(None, description="Output directory when there is no --run-dir.")
     overwrite: bool = Field(False, description="Replace earlier results.")
 

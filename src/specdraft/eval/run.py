@@ -122,11 +122,13 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
         tokenizer = load_tokenizer(config.verifier)
         if verifier is None:
             verifier = load_verifier(config.verifier, dtype=config.dtype, device=config.device)
+        binding = verifier_binding(config, verifier, tokenizer)
         fmt = eval_chat_format(config, tokenizer)
         for p in prompts:
             p["prompt_ids"] = render(tokenizer, p["messages"], fmt)
         eos = generation_stop_ids(verifier, tokenizer, fmt)
         results = offline_eval(config, verifier, prompts, eos)
+        results["verifier_binding"] = binding
         results["chat_format"] = {"template_sha256": fmt.template_sha256, "kwargs": fmt.kwargs}
         engine = resolve_engine(config)
         if engine != "none":
@@ -144,12 +146,43 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
                               extra={**{k: results.get(k) for k in
                                         ("tau", "acceptance_rate", "per_position",
                                          "tokens_per_s", "verify_steps", "mode")},
-                                     "engine": engine_extract(results.get("engine"))})
+                                     "engine": engine_extract(results.get("engine")),
+                                     "verifier_binding": results.get("verifier_binding")})
     if results.get("engine") and results["engine"]["name"] == "vllm":
         from specdraft.eval.engine import check_agreement
 
         check_agreement(config, results["engine"], verifier)
     return manifest
+
+
+def verifier_binding(config: EvalConfig, verifier: Any, tokenizer: Any) -> dict[str, Any]:
+    """Check that ``--verifier`` is the model the drafter was trained on, before decoding
+    (:mod:`specdraft.core.verifier_identity`): its identity against the drafter's (else
+    RUN/extract's) record, then the hidden-state probe on a few ``RUN/extract`` rows when the
+    run has them (without them only the identity is compared, said in the line). Returns the
+    record for results.json; raises :class:`ConfigError` for another model or a failed probe
+    unless ``--allow-other-verifier``."""
+    from specdraft.core.errors import ConfigError
+    from specdraft.core.manifest import load_stage_manifest
+    from specdraft.core.verifier_identity import bind, drafter_identity, probe_or_skip
+
+    recorded = drafter_identity(drafter_dir(config))
+    if recorded is None and config.run_dir is not None:
+        extract = load_stage_manifest(stage_dir(config.run_dir, "extract"))
+        recorded = extract.verifier_identity if extract is not None else None
+    flag = "--allow-other-verifier"
+    binding = bind(recorded, config.verifier, allow_other=config.allow_other_verifier,
+                   flag=flag, tokenizer=tokenizer)
+    if binding["refusal"]:
+        raise ConfigError(binding["refusal"])
+    probe = probe_or_skip(verifier, config.run_dir)
+    print(probe["line"], file=sys.stderr)
+    if probe["ran"] and not probe["ok"]:
+        if not config.allow_other_verifier:
+            raise ConfigError(f"--verifier {config.verifier}: {probe['line']}; use the verifier "
+                              f"the drafter was trained on, or pass {flag} to go on anyway")
+        binding["allowed_by_flag"] = True
+    return {**binding, "probe": probe}
 
 
 def resolve_engine(config: EvalConfig) -> str:

@@ -37,6 +37,9 @@ class ExportConfig(StageConfig):
     aux_layers: tuple[int, ...] | None = Field(
         None, description="The aux ids the features were extracted with, when no "
                           "RUN/extract/manifest.json records them (comma-separated).")
+    allow_other_verifier: bool = Field(
+        False, description="Export even when --verifier is not the model the drafter was "
+                           "trained on (recorded in the manifest).")
     overwrite: bool = Field(False, description="Replace the output directory.")
 
     @field_validator("aux_layers", mode="before")

@@ -20,6 +20,7 @@ from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, load_stage_manifest,
                                      utc_now, write_manifest, write_provenance)
 from specdraft.core.profile import VerifierProfile
+from specdraft.core.verifier_identity import drafter_identity
 from specdraft.core.rundir import open_stage_dir, stage_dir
 from specdraft.export.config import ExportConfig
 from specdraft.export.formats import FORMAT_SPECS, build_config, rename
@@ -50,7 +51,8 @@ def upstream_facts(config: ExportConfig) -> dict[str, Any]:
     facts: dict[str, Any] = {"extract_ids": None, "n_layers": None, "embed": None,
                              "verifier_name": config.verifier_name or config.verifier,
                              "architectures": [], "inputs": {}, "ids_missing_in": None,
-                             "extract_profile": None, "verifier_profile": None}
+                             "extract_profile": None, "verifier_profile": None,
+                             "extract_identity": None}
     if config.run_dir is not None:
         for stage in ("extract", "train"):
             if (stage_dir(config.run_dir, stage) / MANIFEST).exists():
@@ -62,6 +64,7 @@ def upstream_facts(config: ExportConfig) -> dict[str, Any]:
                 stage_dir(config.run_dir, "extract") / MANIFEST
             facts["n_layers"] = ex.n_layers
             facts["extract_profile"] = ex.profile
+            facts["extract_identity"] = ex.verifier_identity
             facts["verifier_name"] = facts["verifier_name"] or ex.config.get("verifier")
         else:
             facts["extract_ids"] = _online_ids(config.run_dir)
@@ -164,6 +167,30 @@ def profile_problems(config: ExportConfig, profile: VerifierProfile | None,
     return problems
 
 
+def identity_problems(config: ExportConfig, identity: dict[str, Any] | None,
+                      facts: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
+    """``(problems, binding)``: the drafter's recorded verifier identity
+    (:mod:`specdraft.core.verifier_identity`) against RUN/extract's and against ``--verifier``'s.
+    Another model is a problem naming what differs (``--allow-other-verifier`` lets
+    ``--verifier`` through, recorded in ``binding``); a quantized variant passes with a line."""
+    from specdraft.core.verifier_identity import bind, compare
+
+    problems = []
+    if identity and facts["extract_identity"]:
+        c = compare(identity, facts["extract_identity"])
+        if c.kind == "other":
+            problems.append(f"the drafter was trained on another verifier than the one "
+                            f"RUN/extract/manifest.json recorded: {'; '.join(c.differences)}; "
+                            f"export the drafter of this run")
+    if config.verifier is None:
+        return problems, None
+    binding = bind(identity, config.verifier, allow_other=config.allow_other_verifier,
+                   flag="--allow-other-verifier")
+    if binding["refusal"]:
+        problems.append(binding["refusal"])
+    return problems, binding
+
+
 def export_tensors(fmt: str, trained: dict[str, torch.Tensor], embed: torch.Tensor | None,
                    dtype: str) -> dict[str, torch.Tensor]:
     """The tensors to write, under ``fmt``'s names: the trained state minus its own embedding,
@@ -226,6 +253,9 @@ def run(config: ExportConfig) -> dict[str, Any]:
     profile = drafter_profile(src.config, facts)
     problems = missing_facts(config, src.state, src.config, facts)
     problems += profile_problems(config, profile, facts)
+    identity = drafter_identity(src.path, src.config) or facts["extract_identity"]
+    more, binding = identity_problems(config, identity, facts)
+    problems += more
     problems += embed_problems(config, src.state, facts["embed"])
     problems += check_export(config.format, cfg, tensors, src.config, trained=src.state,
                              verifier_embed=facts["embed"], extract_ids=facts["extract_ids"],
@@ -241,7 +271,8 @@ def run(config: ExportConfig) -> dict[str, Any]:
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
         write_provenance(tmp, stage=STAGE, config=config, inputs=facts["inputs"],
                          format=config.format, source=str(src.path),
-                         verifier_profile=profile.to_dict() if profile is not None else None)
+                         verifier_profile=profile.to_dict() if profile is not None else None,
+                         verifier_identity=identity, verifier_binding=binding)
     exports[config.format] = {"out": str(out), "config_hash": config.config_hash(),
                               "finished_at": utc_now()}
     return write_manifest(
@@ -251,6 +282,7 @@ def run(config: ExportConfig) -> dict[str, Any]:
                "source": str(src.path),
                "aux_layer_ids": list(src.config.aux_layer_ids), "aux_convention": AUX_CONVENTION,
                "verifier_profile": profile.to_dict() if profile is not None else None,
+               "verifier_identity": identity, "verifier_binding": binding,
                "engine_aux_ids": {"top_level": cfg.get("eagle_aux_hidden_state_layer_ids"),
                                   "eagle_config": (cfg.get("eagle_config") or {}).get(
                                       "eagle_aux_hidden_state_layer_ids")},

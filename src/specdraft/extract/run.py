@@ -399,6 +399,9 @@ def _run(config: ExtractConfig, verifier: Any, rank: int, world: int) -> dict[st
         _barrier(world)
     model = _load_model(config, verifier, out)
     ctx = _context(config, model, ds, rank, world)
+    in_memory = verifier is not None
+    ctx["identity"] = _on_rank0(lambda: verifier_identity(config, in_memory=in_memory), rank,
+                                world)
     plan = {"world_size": world, "batch_tokens": config.batch_tokens, "storage": config.storage,
             "shard_mb": config.shard_mb, "aux_layer_ids": list(ctx["aux_ids"]),
             "prepare": input_hash(stage_dir(config.run_dir, "prepare")),
@@ -450,6 +453,22 @@ def verifier_profile(config: ExtractConfig, model: Any) -> VerifierProfile:
     return resolve_profile(model.config, model=model, backend=config.backend)
 
 
+def verifier_identity(config: ExtractConfig, *, in_memory: bool) -> dict[str, Any] | None:
+    """The verifier's identity record (:func:`specdraft.core.verifier_identity.identify`: config
+    hash, quantization, weight-byte sample, tokenizer and template hashes), read from
+    ``--verifier``'s files without loading the weights, for either backend. None (said on
+    stderr) only when the model was handed over in memory and ``--verifier`` names no files."""
+    from specdraft.core.verifier_identity import identify
+
+    try:
+        return identify(config.verifier, trust_remote_code=config.trust_remote_code)
+    except ConfigError as err:
+        if not in_memory:
+            raise
+        print(f"extract: verifier identity not recorded ({err})", file=sys.stderr)
+        return None
+
+
 def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str, Any],
             clock: StageClock, world: int) -> dict[str, Any]:
     """Rank 0: merge the index, write the verifier head, verify, write the manifest."""
@@ -473,6 +492,7 @@ def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str
         "target_representation": TARGET_DOC,
         "verifier": _profile(config, model, head),
         "profile": ctx["profile"].to_dict(),
+        "verifier_identity": ctx["identity"],
         "storage": {"format": config.storage, "shard_mb": config.shard_mb,
                     "zstd_level": config.zstd_level if CODECS[config.storage].zstd else None,
                     "shards": len({e["shard"] for e in entries}), "bytes_total": total,

@@ -40,6 +40,10 @@ class Progress:
         self.rejected: Counter[str] = Counter()
         self.completion_tokens = 0
         self.with_reasoning = 0
+        self.sequence_tokens = 0      # whole conversations of the generated samples
+        self.response_tokens = 0      # their completions
+        self.tokenized = 0            # generated samples whose token ids the backend returned
+        self.unique: set[int] = set()  # distinct ids over those samples
         self._bar = None
         self.set_total(total)
 
@@ -52,13 +56,23 @@ class Progress:
 
             self._bar = tqdm(total=total, file=self.stream, unit="sample", dynamic_ncols=True)
 
-    def update(self, *, reject: str | None, completion_tokens: int, reasoning: bool) -> None:
-        """One sample finished (``reject`` = its reason, or None when generated)."""
+    def update(self, *, reject: str | None, completion_tokens: int, reasoning: bool,
+               sequence_tokens: int = 0, token_ids: set[int] | None = None) -> None:
+        """One sample finished (``reject`` = its reason, or None when generated).
+
+        ``completion_tokens``: all its turns' completions (counted for every finished sample:
+        the work done); ``sequence_tokens``: its whole conversation (last prompt + completion);
+        ``token_ids``: its distinct ids, None when the backend returned none."""
         self.done += 1
         self.completion_tokens += completion_tokens
         if reject is None:
             self.generated += 1
             self.with_reasoning += int(reasoning)
+            self.sequence_tokens += sequence_tokens
+            self.response_tokens += completion_tokens
+            if token_ids is not None:
+                self.tokenized += 1
+                self.unique |= token_ids
         else:
             self.rejected[reject] += 1
             self.errors += int(reject == "error")
@@ -86,14 +100,25 @@ class Progress:
             self._bar = None
 
     def summary(self) -> dict[str, Any]:
-        """Final figures of this run (samples finished now, not those skipped by resume)."""
+        """Final figures of this run (samples finished now, not those skipped by resume).
+
+        ``rejected`` are the samples skipped, by reason; ``completion_tokens`` counts every
+        finished sample's completions (``tokens_per_s`` is this over the elapsed time), the
+        ``total_tokens`` / ``response_tokens`` / ``mean_*`` / ``unique_tokens`` figures only
+        the generated samples' (``unique_tokens`` None when the backend returned no ids)."""
         elapsed = max(self.clock() - self.t0, 1e-9)
+        n = max(self.generated, 1)
         return {
-            "generated": self.generated, "rejected": dict(sorted(self.rejected.items())),
+            "finished": self.done, "generated": self.generated, "tokenized": self.tokenized,
+            "rejected": dict(sorted(self.rejected.items())),
             "errors": self.errors, "with_reasoning": self.with_reasoning,
             "with_reasoning_pct": round(100 * self.with_reasoning / max(self.generated, 1), 1),
             "completion_tokens": self.completion_tokens,
             "completion_tokens_mean": round(self.completion_tokens / max(self.done, 1), 1),
+            "total_tokens": self.sequence_tokens, "response_tokens": self.response_tokens,
+            "mean_seq_len": round(self.sequence_tokens / n, 1),
+            "mean_response_len": round(self.response_tokens / n, 1),
+            "unique_tokens": len(self.unique) if self.tokenized else None,
             "elapsed_s": round(elapsed, 3), "req_per_s": round(self.done / elapsed, 3),
             "tokens_per_s": round(self.completion_tokens / elapsed, 1),
         }
@@ -102,11 +127,15 @@ class Progress:
 def format_summary(s: dict[str, Any]) -> str:
     """Human-readable lines for :meth:`Progress.summary`."""
     rej = ", ".join(f"{k}={v}" for k, v in s["rejected"].items()) or "none"
+    unique = "?" if s["unique_tokens"] is None else s["unique_tokens"]
     return "\n".join([
-        f"generated: {s['generated']}   rejected: {sum(s['rejected'].values())} ({rej})   "
-        f"errors: {s['errors']}",
+        f"generated: {s['generated']}   tokenized: {s['tokenized']} (ids from the backend)   "
+        f"skipped: {sum(s['rejected'].values())} ({rej})   errors: {s['errors']}",
         f"with reasoning: {s['with_reasoning']} ({s['with_reasoning_pct']}%)",
-        f"completion tokens: {s['completion_tokens']} total, {s['completion_tokens_mean']} mean",
+        f"tokens: {s['total_tokens']} total, {s['response_tokens']} response   mean sequence "
+        f"{s['mean_seq_len']}, mean response {s['mean_response_len']}   unique: {unique}",
+        f"completion tokens (all finished): {s['completion_tokens']} total, "
+        f"{s['completion_tokens_mean']} mean",
         f"elapsed: {s['elapsed_s']:.1f}s   {s['req_per_s']:.2f} req/s   "
         f"{s['tokens_per_s']:.1f} tokens/s",
     ])

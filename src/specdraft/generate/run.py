@@ -103,7 +103,9 @@ class Sink:
             self.rejects.add(state.prompt.id, reason, state.reject[1], **state.reject_fields())
         self.pending += 1
         self.progress.update(reject=reason, completion_tokens=state.completion_tokens(),
-                             reasoning=state.has_reasoning())
+                             reasoning=state.has_reasoning(),
+                             sequence_tokens=state.sequence_tokens(),
+                             token_ids=state.token_ids())
         self.maybe_flush()
 
     def maybe_flush(self) -> None:
@@ -188,6 +190,7 @@ def run(config: GenerateConfig, *, verifier: Any = None, stream: TextIO | None =
         sink.close()
         progress.close()
     summary = progress.summary()
+    summary["rejected"] = dict(sorted(sink.rejects.counts.items()))  # with duplicate prompts
     _say(stream, format_summary(summary))
     return _finish(config, out, clock, prior, sink, counts, summary, facts)
 

@@ -109,5 +109,24 @@ class SampleState:
     def completion_tokens(self) -> int:
         return sum(int(t["usage"].get("completion_tokens") or 0) for t in self.turns)
 
+    def sequence_tokens(self) -> int:
+        """Tokens of the whole conversation: the last turn's prompt (earlier turns included)
+        plus its completion, from the server's ``usage``."""
+        if not self.turns:
+            return 0
+        usage = self.turns[-1]["usage"]
+        return int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+
+    def token_ids(self) -> set[int] | None:
+        """The distinct ids of the conversation (last prompt's ids and every completion's),
+        None when the backend returned no ids for some turn."""
+        if not self.turns or self.turns[-1].get("prompt_token_ids") is None or any(
+                t.get("completion_token_ids") is None for t in self.turns):
+            return None
+        ids = set(self.turns[-1]["prompt_token_ids"])
+        for t in self.turns:
+            ids.update(t["completion_token_ids"])
+        return ids
+
     def has_reasoning(self) -> bool:
         return any(m.get("reasoning") for m in self.messages if m["role"] == "assistant")

@@ -54,6 +54,9 @@ class Eagle3Config:
     ``partial_rotary_factor`` (only the first ``rotary_dim`` of each head are rotated).
     ``verifier_profile``: the :class:`~specdraft.core.profile.VerifierProfile` the drafter was
     built from, as a dict (None for drafters made before profiles existed).
+    ``verifier_identity``: the identity record of the verifier the drafter was trained on
+    (:mod:`specdraft.core.verifier_identity`; None when unknown), compared by export, eval and
+    doctor with the verifier they are given.
     """
 
     hidden_size: int
@@ -74,6 +77,7 @@ class Eagle3Config:
     hidden_act: str = "silu"
     attn_impl: str = "fused"
     verifier_profile: dict[str, Any] | None = None
+    verifier_identity: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))

@@ -176,7 +176,7 @@ def run(config: PrepareConfig) -> dict[str, Any]:
         raise
     job.rejects.close()
     os.replace(job.rejects.path, out / "rejects.jsonl")
-    figures = job.summary.figures(dict(job.rejects.counts))
+    figures = job.summary.figures(dict(job.rejects.counts), elapsed_s=clock.elapsed_s())
     fmt = _with_sample_kwargs(fmt, job.kwargs_seen)
     fmt.save(out)
     extra = _facts(config, renderer, fmt, vocab_size, job)

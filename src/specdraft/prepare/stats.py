@@ -52,9 +52,16 @@ class Summary:
         """Those of ``special_ids`` that occur in any written row."""
         return [i for i in special_ids if i < len(self._seen) and self._seen[i]]
 
-    def figures(self, rejected: dict[str, int]) -> dict[str, Any]:
-        """The summary (averages per written row; percentages of written rows)."""
+    def figures(self, rejected: dict[str, int], elapsed_s: float | None = None
+                ) -> dict[str, Any]:
+        """The summary (averages per written row; percentages of written rows); with
+        ``elapsed_s`` (wall seconds of the stage) also the rates: input samples and written
+        tokens per second."""
         rows = max(self.rows, 1)
+        rates = {} if elapsed_s is None else {
+            "elapsed_s": round(elapsed_s, 3),
+            "samples_per_s": round(self.samples_in / max(elapsed_s, 1e-9), 3),
+            "tokens_per_s": round(self.total_tokens / max(elapsed_s, 1e-9), 1)}
         return {
             "samples_in": self.samples_in,
             "turns_in": self.turns_in,
@@ -71,6 +78,7 @@ class Summary:
             "unique_tokens": int(self._seen.sum()),
             "unique_supervised_tokens": int(self._seen_supervised.sum()),
             "scaffolds": dict(sorted(self.scaffolds.items())),
+            **rates,
         }
 
 
@@ -78,13 +86,16 @@ def format_summary(fig: dict[str, Any]) -> str:
     """Human-readable lines of :meth:`Summary.figures`."""
     lines = [
         f"samples in: {fig['samples_in']}  turns in: {fig['turns_in']}  "
-        f"tokenized: {fig['tokenized']}  rejected: {fig['rejected']}",
+        f"tokenized: {fig['tokenized']}  rejected (skipped): {fig['rejected']}",
         f"with reasoning: {fig['with_reasoning']} ({fig['with_reasoning_pct']}%)  "
         f"truncated: {fig['truncated']}",
         f"tokens: {fig['total_tokens']}  supervised: {fig['supervised_tokens']}  "
         f"avg seq len: {fig['avg_seq_len']}  avg response len: {fig['avg_response_len']}",
         f"unique tokens: {fig['unique_tokens']} (supervised: {fig['unique_supervised_tokens']})",
     ]
+    if "elapsed_s" in fig:
+        lines.append(f"elapsed: {fig['elapsed_s']:.1f}s   {fig['samples_per_s']:.2f} samples/s"
+                     f"   {fig['tokens_per_s']:.1f} tokens/s")
     for reason, n in fig["rejected_by_reason"].items():
         lines.append(f"  rejected {reason}: {n}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ the highest validation ``τ̂``), ``last/``, ``metrics.jsonl``, ``tb/`` (TensorB
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,12 +102,29 @@ def open_source(cfg: TrainConfig, verifier: Any, env: DistEnv) -> tuple[Any, Any
         {"prepare": input_hash(stage_dir(cfg.run_dir, "prepare"))}
 
 
+def verifier_identity(cfg: TrainConfig, extract_manifest: Any) -> dict[str, Any] | None:
+    """The identity of the verifier the drafter is trained on: the one ``specdraft extract``
+    recorded, else (online training) read from ``--verifier``'s files
+    (:func:`specdraft.core.verifier_identity.identify`); None when neither is available."""
+    if extract_manifest is not None:
+        return extract_manifest.verifier_identity
+    if not cfg.verifier:
+        return None
+    from specdraft.core.verifier_identity import identify
+
+    try:
+        return identify(cfg.verifier)
+    except ConfigError as err:  # a model handed over in memory under a name with no files
+        print(f"train: verifier identity not recorded ({err})", file=sys.stderr)
+        return None
+
+
 def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
-                  head: dict[str, torch.Tensor], d2t: torch.Tensor, t2d: torch.Tensor
-                  ) -> Eagle3DraftModel:
+                  head: dict[str, torch.Tensor], d2t: torch.Tensor, t2d: torch.Tensor,
+                  identity: dict[str, Any] | None = None) -> Eagle3DraftModel:
     """A fresh drafter shaped from the verifier's profile (:meth:`Eagle3Config.from_profile`:
-    its shape rules), ``embed_tokens`` copied (frozen), d2t/t2d set; the profile travels in the
-    drafter's config (``train/best``, ``train/last``, checkpoints).
+    its shape rules), ``embed_tokens`` copied (frozen), d2t/t2d set; the profile and the verifier's
+    ``identity`` travel in the drafter's config (``train/best``, ``train/last``, checkpoints).
 
     ``--lm-head-init verifier`` (default) starts ``lm_head`` [K, H] at the verifier's rows of the
     draft vocabulary, ``head["lm_head.weight"][arange(K) + d2t]`` (the ids ``d2t`` maps to), so
@@ -118,7 +136,8 @@ def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
     Raises :class:`InputError` when the source's hidden size or vocab size disagree."""
     config = Eagle3Config.from_profile(
         profile, draft_vocab_size=d2t.numel(), aux_layer_ids=tuple(source.aux_layer_ids),
-        attn_impl=cfg.attn_impl, norm_before_residual=cfg.norm_before_residual)
+        attn_impl=cfg.attn_impl, norm_before_residual=cfg.norm_before_residual,
+        verifier_identity=identity)
     if source.hidden_size != config.target_hidden_size or t2d.numel() != config.vocab_size:
         raise InputError(f"verifier hidden/vocab {config.target_hidden_size}/"
                          f"{config.vocab_size} but source hidden {source.hidden_size}, "
@@ -209,10 +228,11 @@ def _run(cfg: TrainConfig, env: DistEnv, clock: StageClock, verifier: Any, sourc
     extract_dir = stage_dir(cfg.run_dir, "extract")
     from specdraft.core.manifest import load_stage_manifest
 
-    profile = verifier_profile(cfg, verifier,
-                               None if cfg.online else load_stage_manifest(extract_dir))
+    extract_manifest = None if cfg.online else load_stage_manifest(extract_dir)
+    profile = verifier_profile(cfg, verifier, extract_manifest)
     head = verifier_head(verifier, cfg.run_dir)
-    drafter = build_drafter(cfg, profile, source, head, d2t, t2d).to(env.device)
+    drafter = build_drafter(cfg, profile, source, head, d2t, t2d,
+                            verifier_identity(cfg, extract_manifest)).to(env.device)
     objective = TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
                              loss=cfg.loss, oov_policy=cfg.oov_policy,
                              align_topk=cfg.align_topk)
