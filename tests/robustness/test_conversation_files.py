@@ -39,7 +39,7 @@ REFUSED = [
 # (case, bad record, reason, detail fragment)
 COUNTED = [
     ("content_is_number", {"id": "b", "messages": [{"role": "user", "content": 5}]},
-     "bad_record", "message 0 'content' must be a string, got int"),
+     "bad_record", "message 0 'content' must be a string or a list of text parts, got int"),
     ("role_is_list", {"id": "b", "messages": [{"role": ["user"], "content": "x"}]},
      "bad_record", "message 0 'role' must be a string, got list"),
     ("unknown_role", {"id": "b", "messages": [{"role": "wizard", "content": "x"}]},

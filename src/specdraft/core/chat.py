@@ -205,6 +205,29 @@ def message_reasoning(message: dict[str, Any]) -> str:
     return ""
 
 
+def content_text(content: Any) -> str | None:
+    """A message's OpenAI ``content`` as text: a string as is, None as None, a list of content
+    parts (``[{"type": "text", "text": ...}, ...]``) as its texts joined with ``"\\n"``, which is
+    how vLLM renders parts for a template that takes string content
+    (``vllm/renderers/chat_utils.py``, ``"\\n".join(texts)``).
+
+    Raises :class:`ValueError` naming the part for anything else: a non-text part (an image
+    has no text to train on), a part without a string ``text``, or content of another type.
+    """
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(f"must be a string or a list of text parts, got "
+                         f"{type(content).__name__}")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type", "text") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"part {j} is not a text part ({{'type': 'text', 'text': str}})")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
 def message_for_template(message: dict[str, Any]) -> dict[str, Any]:
     """A message as templates expect it: reasoning under every field name, None content as
     ``""`` (string concatenation in templates fails on None)."""

@@ -25,7 +25,7 @@ from specdraft.prepare.config import PrepareConfig
 from specdraft.prepare.records import (Sample, iter_records, iter_turns, split_inline_reasoning,
                                        to_sample)
 from specdraft.prepare.stats import Summary
-from specdraft.prepare.turns import Rules, Turn, TurnRejected, encode_turn
+from specdraft.prepare.turns import Rules, Turn, TurnRejected, check_token_ids, encode_turn
 from specdraft.prepare.writer import DatasetWriter
 
 STAGE = "prepare"
@@ -106,6 +106,7 @@ class _Job:
         self.rejects = Rejects(out, filename=f"rejects.jsonl.tmp-{os.getpid()}")
         self.writer = DatasetWriter(out / f"dataset.arrow.tmp-{os.getpid()}")
         self.summary = Summary(vocab_size)
+        self.vocab_size = vocab_size
         self.kwargs_seen: Counter[str] = Counter()
         self.ids_seen: set[str] = set()
 
@@ -130,13 +131,16 @@ class _Job:
     def add_turn(self, sample: Sample, turn_index: int, meta: dict[str, Any]) -> None:
         key = f"{sample.id}/{turn_index}"
         message = sample.messages[meta["message_index"]]
-        turn = Turn(messages=sample.messages, message_index=meta["message_index"],
-                    reasoning=message_reasoning(message),
-                    finish_reason=meta.get("finish_reason") or "stop",
-                    completion_token_ids=meta.get("completion_token_ids"),
-                    tools=sample.tools, kwargs=sample.kwargs,
-                    prompt_token_ids=meta.get("prompt_token_ids"))
         try:
+            turn = Turn(messages=sample.messages, message_index=meta["message_index"],
+                        reasoning=message_reasoning(message),
+                        finish_reason=str(meta.get("finish_reason") or "stop"),
+                        completion_token_ids=check_token_ids(
+                            meta.get("completion_token_ids"), "completion_token_ids",
+                            self.vocab_size),
+                        tools=sample.tools, kwargs=sample.kwargs,
+                        prompt_token_ids=check_token_ids(meta.get("prompt_token_ids"),
+                                                         "prompt_token_ids", self.vocab_size))
             if self.config.require_reasoning and not turn.reasoning.strip():
                 raise TurnRejected("no_reasoning", "--require-reasoning and the turn has none")
             enc = encode_turn(self.renderer, turn, self.rules)
@@ -150,19 +154,26 @@ class _Job:
                              truncated=enc.truncated, scaffold=enc.scaffold)
 
 
+def start_job(config: PrepareConfig, out: Path) -> tuple[_Job, ChatFormat, int]:
+    """The job writing under ``out`` (tokenizer, chat format, rules), its chat format and the
+    verifier's vocabulary size."""
+    tokenizer = load_prepare_tokenizer(config)
+    fmt = resolve_chat_format(config, tokenizer)
+    rules = Rules(stop_ids=frozenset(fmt.stop_token_ids), think=fmt.think_names,
+                  max_seq_len=config.max_seq_len, reasoning_format=config.reasoning_format)
+    vocab_size = verifier_vocab_size(config, tokenizer)
+    job = _Job(config, fmt.renderer(tokenizer), rules, out, max(vocab_size, len(tokenizer)))
+    return job, fmt, vocab_size
+
+
 def run(config: PrepareConfig) -> dict[str, Any]:
     """Run the prepare stage; return its manifest. Raises ConfigError / InputError /
     StageDirError with a message naming the flag, file+line or directory."""
     clock = StageClock()
     out = open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
     source, inputs = input_files(config)
-    tokenizer = load_prepare_tokenizer(config)
-    fmt = resolve_chat_format(config, tokenizer)
-    renderer = fmt.renderer(tokenizer)
-    rules = Rules(stop_ids=frozenset(fmt.stop_token_ids), think=fmt.think_names,
-                  max_seq_len=config.max_seq_len, reasoning_format=config.reasoning_format)
-    vocab_size = verifier_vocab_size(config, tokenizer)
-    job = _Job(config, renderer, rules, out, max(vocab_size, len(tokenizer)))
+    job, fmt, vocab_size = start_job(config, out)
+    renderer = job.renderer
     try:
         for n, (where, record) in enumerate(iter_records(source), 1):
             job.add_record(where, record)
@@ -186,13 +197,18 @@ def run(config: PrepareConfig) -> dict[str, Any]:
 
 
 def _refuse_empty(job: _Job, source: Any, out: Path) -> None:
-    """An empty dataset is an error, not an artifact: say why every turn was rejected."""
+    """An empty dataset is an error, not an artifact: say why every turn was rejected. The
+    rejects go to their final name first (``RUN/prepare/rejects.jsonl``, the file the message
+    names); no manifest is written, so the stage stays incomplete."""
     if job.summary.figures(dict(job.rejects.counts))["tokenized"] > 0:
         return
-    job.rejects.flush()
+    job.rejects.close()
+    final = out / "rejects.jsonl"
+    os.replace(job.rejects.path, final)
+    hint = f"details in {final}; fix the data and rerun with --overwrite" if job.rejects.total \
+        else "no input turns"
     raise InputError(f"prepare: no row was produced from {source}; rejects by reason: "
-                     f"{dict(job.rejects.counts) or 'none (no input turns)'} "
-                     f"(details in {job.rejects.path})")
+                     f"{dict(job.rejects.counts) or 'none'} ({hint})")
 
 
 def _with_sample_kwargs(fmt: ChatFormat, seen: Counter[str]) -> ChatFormat:
