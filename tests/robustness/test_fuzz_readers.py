@@ -9,6 +9,7 @@ Property: whatever the bytes, a reader returns, or raises the project's clear er
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,89 @@ def test_yaml_config_values(tmp_path_factory, mapping):
     for cls, section in ((GenerateConfig, "generate"), (PrepareConfig, "prepare"),
                          (TrainConfig, "train")):
         _config_or_error(cls, section, path)
+
+
+def _real_drafter_config() -> dict:
+    from dataclasses import asdict
+
+    from specdraft.models.eagle3 import Eagle3Config
+
+    return asdict(Eagle3Config(hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
+                               head_dim=4, intermediate_size=16, rms_norm_eps=1e-5,
+                               rope_theta=1e4, max_position_embeddings=64, vocab_size=40,
+                               draft_vocab_size=10, target_hidden_size=8,
+                               aux_layer_ids=(1, 2, 3)))
+
+
+@st.composite
+def drafter_configs(draw) -> bytes:
+    """A real drafter config with keys dropped, retyped or replaced by arbitrary values."""
+    cfg = _real_drafter_config()
+    for key in draw(st.lists(st.sampled_from(sorted(cfg)), max_size=3, unique=True)):
+        if draw(st.booleans()):
+            del cfg[key]
+        else:
+            cfg[key] = draw(json_values)
+    cfg.update(draw(st.dictionaries(st.text(max_size=6), json_values, max_size=2)))
+    return json.dumps(cfg).encode()
+
+
+@examples(80)
+@given(data=any_bytes | drafter_configs(), name=st.sampled_from(["drafter_config.json",
+                                                                  "config.json"]))
+def test_drafter_configs(tmp_path_factory, data, name):
+    """``export/eval/doctor --drafter DIR`` (read_drafter) and a training checkpoint's drafter
+    (load_drafter): the weights are valid, the config is fuzzed."""
+    from specdraft.export.reader import read_drafter
+    from specdraft.models.io import load_drafter
+
+    d = tmp_path_factory.mktemp("d")
+    (d / name).write_bytes(data)
+    weights = {"drafter_config.json": "drafter.safetensors", "config.json": "model.safetensors"}
+    (d / weights[name]).write_bytes(b"")  # an empty weights file: refused after the config
+    _clear_or_named(lambda: read_drafter(d), d)
+    if name == "drafter_config.json":
+        _clear_or_named(lambda: load_drafter(d), d)
+
+
+@examples(80)
+@given(data=any_bytes | jsonl_of_values | st.builds(
+    lambda v: json.dumps(v).encode(), st.dictionaries(
+        st.sampled_from(["stage", "counts", "config", "aux_layer_ids", "hidden_size", "storage",
+                         "x"]), json_values, max_size=5)),
+       stage=st.sampled_from(["generate", "prepare", "extract", "train", "vocab"]))
+def test_stage_manifests(tmp_path_factory, data, stage):
+    """A stage's ``manifest.json`` as the next stage reads it (typed per stage)."""
+    from specdraft.core.manifest import load_stage_manifest
+
+    d = tmp_path_factory.mktemp("m") / stage
+    d.mkdir()
+    (d / "manifest.json").write_bytes(data)
+    _clear_or_named(lambda: load_stage_manifest(d), d / "manifest.json")
+
+
+@examples(80)
+@given(samples=any_bytes | jsonl_of_values, rejects=any_bytes | jsonl_of_values)
+def test_generate_resume_reads_its_files(tmp_path_factory, samples, rejects):
+    """``generate --resume`` reads ``samples.jsonl`` and ``rejects.jsonl`` back (a torn tail is
+    cut; anything else wrong is a clear error naming file:line)."""
+    from specdraft.generate.run import load_prior
+
+    d = tmp_path_factory.mktemp("g")
+    (d / "samples.jsonl").write_bytes(samples)
+    (d / "rejects.jsonl").write_bytes(rejects)
+    try:
+        load_prior(d)
+    except SpecdraftError as err:
+        assert ("samples.jsonl" in str(err) or "rejects.jsonl" in str(err)), err
+
+
+@examples(60)
+@given(data=any_bytes | jsonl_of_values)
+def test_chat_format_files(tmp_path_factory, data):
+    """``RUN/*/chat_format.json``, read by prepare, extract and eval."""
+    from specdraft.core.chat import ChatFormat
+
+    path = tmp_path_factory.mktemp("f") / "chat_format.json"
+    path.write_bytes(data)
+    _clear_or_named(lambda: ChatFormat.load(path), path)

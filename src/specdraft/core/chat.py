@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from specdraft.core.errors import ConfigError, InputError
+from specdraft.core.jsonl import read_json
 
 #: Think markers of Qwen3, DeepSeek-R1 and Kimi-K2.5 (their tokenizer_config.json templates).
 DEFAULT_THINK = ("<think>", "</think>")
@@ -358,9 +359,12 @@ class ChatFormat(BaseModel):
     def load(cls, path: str | Path) -> "ChatFormat":
         """Read a ``chat_format.json``; :class:`InputError` naming the file when unreadable."""
         try:
-            return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError) as err:
-            raise InputError(f"{path}: not a readable chat format ({err})") from None
+            return cls.model_validate(read_json(path, what="chat format"))
+        except InputError:
+            raise
+        except ValueError as err:
+            raise InputError(f"{path}: not a readable chat format "
+                             f"({' '.join(str(err).split())[:300]})") from None
 
     def summary(self) -> dict[str, Any]:
         """The manifest's view: everything but the template text."""

