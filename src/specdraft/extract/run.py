@@ -450,9 +450,11 @@ def verifier_profile(config: ExtractConfig, model: Any) -> VerifierProfile:
     whose stored final state is the engine's pre-norm state normalised here). Raises
     :class:`ConfigError` naming a config field specdraft does not understand."""
     if hasattr(model, "hf_dir"):  # an EngineVerifier: the weights stay with the engine
-        from transformers import AutoConfig
+        from specdraft.core.verifier import load_hf_config
 
-        return resolve_profile(AutoConfig.from_pretrained(model.hf_dir), backend=config.backend)
+        return resolve_profile(load_hf_config(model.hf_dir,
+                                              trust_remote_code=config.trust_remote_code),
+                               backend=config.backend)
     return resolve_profile(model.config, model=model, backend=config.backend)
 
 

@@ -18,6 +18,7 @@ from specdraft.core.chat import (CHAT_FORMAT_FILE, DEFAULT_THINK, ChatFormat, Re
                                  added_token_ids, byte_fallback_ids, message_reasoning,
                                  template_special_ids)
 from specdraft.core.errors import ConfigError, InputError
+from specdraft.core.jsonl import read_json
 from specdraft.core.manifest import StageClock, input_hash, path_sha256, write_manifest
 from specdraft.core.rejects import Rejects
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
@@ -41,6 +42,9 @@ def load_prepare_tokenizer(config: PrepareConfig) -> Any:
     if path.is_dir():
         from transformers import AutoTokenizer
 
+        from specdraft.core.verifier import require_trust
+
+        require_trust(path, config.trust_remote_code)
         return AutoTokenizer.from_pretrained(str(path),
                                              trust_remote_code=config.trust_remote_code)
     return load_tokenizer(path, trust_remote_code=config.trust_remote_code)
@@ -77,7 +81,8 @@ def verifier_vocab_size(config: PrepareConfig, tokenizer: Any) -> int:
             raise
         return len(tokenizer)
     if gguf_file is None:
-        cfg = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+        cfg = read_json(Path(directory) / "config.json", what="verifier config")
+        cfg = cfg if isinstance(cfg, dict) else {}
         size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
         if size:
             return int(size)
