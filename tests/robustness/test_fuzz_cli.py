@@ -49,7 +49,7 @@ def test_generate_prompts(tmp_path_factory, cli, server, data):
     assert len(_lines(out / "rejects.jsonl")) == sum(man["counts"]["rejected"].values())
 
 
-@examples(20)
+@examples(15)
 @given(data=mutated_files() | jsonl_of_records)
 def test_prepare_data(tmp_path_factory, cli, smollm2_tokenizer_dir, data):
     tmp = tmp_path_factory.mktemp("c")

@@ -117,7 +117,7 @@ def test_conversation_records_are_rows_or_counted_rejects(prepare_job, record):
     job.writer._flush()
 
 
-@examples(80)
+@examples(40)
 @given(data=any_bytes | jsonl_of_values)
 def test_yaml_configs(tmp_path_factory, data):
     """``--config FILE.yaml`` for every stage: read, then validated into the stage config."""
@@ -246,3 +246,21 @@ def test_chat_format_files(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("f") / "chat_format.json"
     path.write_bytes(data)
     _clear_or_named(lambda: ChatFormat.load(path), path)
+
+
+index_entries = st.fixed_dictionaries({}, optional={
+    k: json_values | st.integers(0, 50) | st.just("shards/x.safetensors")
+    for k in ("key", "shard", "tok", "seq_len", "sup", "n_sup", "row")})
+
+
+@examples(40)
+@given(data=any_bytes | jsonl_of_values | st.lists(index_entries, min_size=1, max_size=3).map(
+    lambda es: b"".join(json.dumps(e).encode() + b"\n" for e in es)))
+def test_extract_index(tmp_path_factory, data):
+    """``RUN/extract/index.jsonl`` as train and ``extract --verify`` read it."""
+    from specdraft.extract.source import read_index
+
+    path = tmp_path_factory.mktemp("x") / "index.jsonl"
+    path.write_bytes(data)
+    entries = _clear_or_named(lambda: read_index(path), path)
+    assert entries is None or all(isinstance(e["key"], str) for e in entries)

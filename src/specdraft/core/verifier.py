@@ -90,13 +90,21 @@ def require_trust(directory: str | os.PathLike, trust_remote_code: bool) -> None
                           f"--trust-remote-code (prepare, extract) and trust it")
 
 
+def resolve_trusted(path: str | os.PathLike, trust_remote_code: bool) -> tuple[str, str | None]:
+    """:func:`resolve_verifier`, then :func:`require_trust` for an HF directory (a ``.gguf``
+    holds no code)."""
+    directory, gguf_file = resolve_verifier(path)
+    if gguf_file is None:
+        require_trust(directory, trust_remote_code)
+    return directory, gguf_file
+
+
 def load_hf_config(path: str | os.PathLike, *, trust_remote_code: bool = False) -> Any:
     """The verifier's ``AutoConfig`` (HF directory or ``.gguf``), refusing remote code unless
     ``trust_remote_code`` (:func:`require_trust`)."""
     from transformers import AutoConfig
 
-    directory, gguf_file = resolve_verifier(path)
-    require_trust(directory, trust_remote_code)
+    directory, gguf_file = resolve_trusted(path, trust_remote_code)
     return AutoConfig.from_pretrained(directory, gguf_file=gguf_file,
                                       trust_remote_code=trust_remote_code)
 
@@ -107,8 +115,7 @@ def load_tokenizer(path: str | os.PathLike, *, chat_template: str | None = None,
     remote code refused unless ``trust_remote_code`` (:func:`require_trust`)."""
     from transformers import AutoTokenizer
 
-    directory, gguf_file = resolve_verifier(path)
-    require_trust(directory, trust_remote_code)
+    directory, gguf_file = resolve_trusted(path, trust_remote_code)
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file,
                                         trust_remote_code=trust_remote_code)
     if chat_template is not None:
@@ -127,8 +134,7 @@ def load_verifier(path: str | os.PathLike, *, dtype: str = "auto", device: str =
     import torch
     from transformers import AutoModelForCausalLM
 
-    directory, gguf_file = resolve_verifier(path)
-    require_trust(directory, trust_remote_code)
+    directory, gguf_file = resolve_trusted(path, trust_remote_code)
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     model = AutoModelForCausalLM.from_pretrained(

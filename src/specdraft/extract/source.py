@@ -63,6 +63,23 @@ def row_key(sample_id: Any, turn_index: Any) -> str:
     return f"{sample_id}/{int(turn_index)}"
 
 
+_INDEX_FIELDS = {"key": str, "shard": str, "tok": int, "seq_len": int, "sup": int, "n_sup": int}
+
+
+def read_index(path: Path) -> list[dict[str, Any]]:
+    """The entries of ``index.jsonl``, each checked to hold the fields the shard reader uses
+    (:class:`InputError` naming ``path:line`` otherwise: the file was edited or damaged)."""
+    entries = []
+    for lineno, e in iter_jsonl(path):
+        bad = [k for k, t in _INDEX_FIELDS.items()
+               if not isinstance(e.get(k), t) or isinstance(e.get(k), bool)]
+        if bad:
+            raise InputError(f"{path}:{lineno}: index entry lacks {bad} (or mistyped); rerun "
+                             f"`specdraft extract --overwrite`")
+        entries.append(e)
+    return entries
+
+
 class DiskSource:
     """Rows stored by ``specdraft extract`` in ``extract_dir`` (memory-mapped shards via the
     index). Raises :class:`StageDirError` when the stage is not complete.
@@ -94,7 +111,7 @@ class DiskSource:
         self.aux_layer_ids = tuple(int(i) for i in aux_layer_ids)
         self.hidden_size = int(hidden_size)
         self.codec = CODECS[storage]
-        self._entries = [e for _, e in iter_jsonl(self.root / INDEX_FILE)]
+        self._entries = read_index(self.root / INDEX_FILE)
         self._reader = ShardReader(self.root, self.codec, len(self.aux_layer_ids),
                                    self.hidden_size)
 

@@ -1,7 +1,8 @@
 """Reading conversations: ``RUN/generate/samples.jsonl`` (docs/run-dir.md) or a ``--data`` file.
 
-``--data`` accepts, per record, OpenAI ``messages`` (``role``/``content``, optional
-``reasoning``/``reasoning_content``/``thinking``, ``tool_calls``, ``tool`` messages) or ShareGPT
+``--data`` accepts, per record, OpenAI ``messages`` (``role`` among system, developer, user,
+assistant, tool; ``content`` a string, null or a list of text parts, joined with ``"\\n"``;
+optional ``reasoning``/``reasoning_content``/``thinking`` and ``tool_calls``) or ShareGPT
 ``conversations`` (``from``/``value``), plus optional ``id``, ``tools`` (list or JSON string) and
 ``chat_template_kwargs``. Without a ``turns`` list every assistant message is a generated turn.
 """
