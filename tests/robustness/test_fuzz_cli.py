@@ -13,6 +13,7 @@ import json
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from fuzz import examples, jsonl_of_records, mutated_files
 from malformed import final_names
@@ -72,3 +73,19 @@ def test_prepare_data(tmp_path_factory, cli, smollm2_tokenizer_dir, data):
     rejected = sum(man["counts"]["rejected"].values())
     assert len(_lines(out / "rejects.jsonl")) == rejected
     assert man["counts"]["out"] + rejected >= 1
+
+
+@examples(40)
+@given(text=st.text(max_size=40) | st.sampled_from(["[" * 100000, "{" * 5000, "&a [*a]",
+                                                     "!!python/object:os.system x", "1e999"]),
+       flag=st.sampled_from(["--chat-template-kwargs", "--max-seq-len", "--stop-tokens",
+                             "--think-tokens"]))
+def test_flag_values(tmp_path_factory, cli, text, flag):
+    """Any text in a JSON- or YAML-parsed flag: exit 2 with one clear error line (ours, or
+    click's usage error for a value its own type check refuses; the --data file is missing, so
+    a valid value ends at that error), never a traceback."""
+    tmp = tmp_path_factory.mktemp("f")
+    res = cli("prepare", "--run-dir", tmp / "run", "--data", tmp / "absent.jsonl", flag, text)
+    lines = [x for x in res.err.splitlines() if x.strip()]
+    assert res.code == 2 and "Traceback" not in res.err + res.out, res.err
+    assert lines[-1].startswith(("specdraft: error: ", "Error: Invalid value")), res.err

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specdraft.core.errors import ConfigError, clip
-from specdraft.core.jsonl import shape_problem
+from specdraft.core.jsonl import parse_json, shape_problem
 
 
 RUN_CONTROL_FIELDS = frozenset({"resume", "overwrite", "run_dir"})
@@ -63,7 +63,7 @@ def parse_json_object(value: Any) -> Any:
         return value
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = parse_json(value)
         except ValueError as err:
             raise ValueError(f"not valid JSON: {err}") from None
     if not isinstance(value, dict):
@@ -126,7 +126,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     expanding (through aliases) to more than :data:`YAML_MAX_VALUES` values."""
     path = Path(path)
     try:
-        data = _parse_yaml(path.read_bytes().decode("utf-8-sig"))
+        data = parse_yaml(path.read_bytes().decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except OSError as err:
@@ -145,7 +145,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _parse_yaml(text: str) -> Any:
+def parse_yaml(text: str) -> Any:
     """``yaml.safe_load(text)``; raises :class:`yaml.YAMLError` or :class:`ValueError` only.
 
     ``safe_load`` can also raise RecursionError (deep nesting), ValueError/OverflowError (a
