@@ -1,10 +1,12 @@
 """Replay of ``corpus/``: inputs that once crashed a reader (found by the fuzz suite or by hand),
-each run through the real ``specdraft`` entry point in-process.
+each run through the real ``specdraft`` entry point in-process (drafter configs: through the two
+drafter readers).
 
 - ``corpus/prompts/*``: ``specdraft generate --prompts`` refuses with one ``specdraft: error:``
   line naming the file and line (exit 2) and writes nothing under generate's final names;
 - ``corpus/conversations/*``: ``specdraft prepare --data`` either refuses the file (one line,
   exit 2) or counts every bad record as a reject with its reason;
+- ``corpus/drafters/*``: a drafter config refused naming the file by both drafter readers;
 - ``corpus/yaml/*``: ``specdraft prepare --config FILE`` refuses naming the file (exit 2), and
   never constructs a Python object from a tag.
 
@@ -94,3 +96,19 @@ def test_yaml_corpus_is_refused(tmp_path, cli, path):
     err = cli("prepare", "--config", path, "--run-dir", tmp_path / "run").error
     assert str(path) in err and YAML_NEEDLES[path.name] in err and len(err) < 800, err
     assert not (tmp_path / "run" / "prepare").exists()
+
+
+@pytest.mark.parametrize("path", _files("drafters"), ids=lambda p: p.name)
+def test_drafter_corpus_is_refused(tmp_path, path):
+    """``corpus/drafters/*``: a drafter config (valid weights absent) read by ``--drafter``
+    (read_drafter) and by training resume (load_drafter): one line naming the file."""
+    from specdraft.core.errors import InputError
+    from specdraft.export.reader import read_drafter
+    from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE, load_drafter
+
+    (tmp_path / CONFIG_FILE).write_bytes(path.read_bytes())
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"")
+    for read in (read_drafter, load_drafter):
+        with pytest.raises(InputError) as err:
+            read(tmp_path)
+        assert str(tmp_path / CONFIG_FILE) in str(err.value) and "\n" not in str(err.value)

@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specdraft.core.atomic import atomic_dir
-from specdraft.core.errors import InputError
+from specdraft.core.errors import InputError, clip
 from specdraft.core.jsonl import read_json
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
 
@@ -50,7 +50,8 @@ def load_drafter(path: str | Path, *, device: str = "cpu",
     try:
         config = Eagle3Config.from_dict(raw)
     except (TypeError, ValueError, AttributeError) as err:
-        raise InputError(f"{path / CONFIG_FILE}: not a valid drafter config ({err})") from None
+        raise InputError(f"{path / CONFIG_FILE}: not a valid drafter config "
+                         f"({clip(str(err), 200)})") from None
     try:
         state = load_file(str(path / WEIGHTS_FILE))
     except (SafetensorError, OSError, ValueError) as err:
