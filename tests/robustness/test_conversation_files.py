@@ -39,7 +39,7 @@ REFUSED = [
 # (case, bad record, reason, detail fragment)
 COUNTED = [
     ("content_is_number", {"id": "b", "messages": [{"role": "user", "content": 5}]},
-     "bad_record", "message 0 'content' must be a string, got int"),
+     "bad_record", "message 0 'content' must be a string or a list of text parts, got int"),
     ("role_is_list", {"id": "b", "messages": [{"role": ["user"], "content": "x"}]},
      "bad_record", "message 0 'role' must be a string, got list"),
     ("unknown_role", {"id": "b", "messages": [{"role": "wizard", "content": "x"}]},
@@ -152,3 +152,19 @@ def test_inline_think_counts_as_reasoning(tmp_path, prepare, smollm2_tokenizer_d
     supervised = [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
     # what the model generated, as the template renders the split turn back
     assert tok.decode(supervised) == "<think>Add.</think>4<|im_end|>"
+
+
+def test_no_row_error_names_the_rejects_at_their_final_name(tmp_path, prepare):
+    """Every record rejected: the error names RUN/prepare/rejects.jsonl, which holds them (no
+    temporary name is left), the stage stays incomplete, and --overwrite starts over."""
+    bad = {"id": "b", "messages": [{"role": "wizard", "content": "x"}]}
+    run_dir = tmp_path / "run"
+    err = prepare(run_dir, write_lines(tmp_path / "c.jsonl", [bad, {**bad, "id": "c"}])).error
+    final = run_dir / "prepare" / "rejects.jsonl"
+    assert f"details in {final};" in err and "--overwrite" in err, err
+    assert [json.loads(x)["id"] for x in final.read_text().splitlines()] == ["b", "c"]
+    assert not list((run_dir / "prepare").glob("*.tmp-*"))
+    assert not (run_dir / "prepare" / "manifest.json").exists()
+    ok = prepare(run_dir, write_lines(tmp_path / "good.jsonl", [GOOD]), "--overwrite")
+    assert ok.code == 0, ok.err
+    assert final.read_text() == ""

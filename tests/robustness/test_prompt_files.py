@@ -19,7 +19,7 @@ REFUSED = [
      ["p.jsonl:2", "not valid JSON"]),
     ("value_not_object", "p.jsonl", [[1, 2], Q1], ["p.jsonl:1", "expected a JSON object"]),
     ("content_is_number", "p.jsonl", [{"messages": [{"role": "user", "content": 5}]}],
-     ["p.jsonl:1", "must be a string, got int"]),
+     ["p.jsonl:1", "must be a string or a list of text parts, got int"]),
     ("role_is_list", "p.jsonl", [{"messages": [{"role": ["user"], "content": "hi"}]}],
      ["p.jsonl:1", "unsupported role"]),
     ("unknown_role", "p.jsonl", [{"messages": [{"role": "wizard", "content": "hi"}]}],

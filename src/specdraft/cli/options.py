@@ -35,8 +35,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from specdraft.cli.common import CONFIG_OPTION_HELP, build_config
-from specdraft.core.config import StageConfig, flag_name
+from specdraft.core.config import StageConfig, flag_name, parse_yaml
 from specdraft.core.errors import ConfigError
+from specdraft.core.jsonl import parse_json
 
 #: Config fields deliberately not on the command line, ``(verb, field) -> reason``. Every other
 #: field of a verb's config is an option (tests/cli/test_cli_surface.py checks both ways). None
@@ -122,7 +123,7 @@ def json_object(flag: str) -> Parser:
     """A parser of a JSON object flag; raises :class:`ConfigError` naming ``flag``."""
     def parse(text: str) -> dict[str, Any]:
         try:
-            value = json.loads(text)
+            value = parse_json(text)
         except ValueError as err:
             raise ConfigError(f"{flag}: not valid JSON ({err})") from None
         if not isinstance(value, dict):
@@ -136,9 +137,10 @@ def yaml_value(flag: str) -> Parser:
     way ``--config`` would; raises :class:`ConfigError` naming ``flag``."""
     def parse(text: str) -> Any:
         try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{flag}: not a valid value ({err})") from None
+            return parse_yaml(text)
+        except (yaml.YAMLError, ValueError) as err:
+            raise ConfigError(f"{flag}: not a valid value ({' '.join(str(err).split())[:300]})"
+                              ) from None
     return parse
 
 

@@ -21,14 +21,15 @@ def builtin_names() -> list[str]:
 def resolve_path(path: str | Path) -> Path:
     """``builtin:NAME`` -> the shipped file; any other value -> ``Path(value)``.
 
-    Raises :class:`ConfigError` listing the known names for an unknown ``builtin:`` name.
+    Raises :class:`ConfigError` listing the known names for an unknown ``builtin:`` name
+    (``builtin:../../x`` included: only the shipped names resolve).
     """
     text = str(path)
     if not text.startswith(PREFIX):
         return Path(text)
     name = text[len(PREFIX):]
     found = _PROMPTS / f"{name}.jsonl"
-    if not found.exists():
+    if name not in builtin_names():  # a name, never a path: builtin:../x is not a file here
         raise ConfigError(f"{text}: no such built-in file; known: "
                           f"{[PREFIX + n for n in builtin_names()]}")
     return found

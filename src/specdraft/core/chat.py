@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from specdraft.core.errors import ConfigError, InputError
+from specdraft.core.jsonl import read_json
 
 #: Think markers of Qwen3, DeepSeek-R1 and Kimi-K2.5 (their tokenizer_config.json templates).
 DEFAULT_THINK = ("<think>", "</think>")
@@ -205,6 +206,29 @@ def message_reasoning(message: dict[str, Any]) -> str:
     return ""
 
 
+def content_text(content: Any) -> str | None:
+    """A message's OpenAI ``content`` as text: a string as is, None as None, a list of content
+    parts (``[{"type": "text", "text": ...}, ...]``) as its texts joined with ``"\\n"``, which is
+    how vLLM renders parts for a template that takes string content
+    (``vllm/renderers/chat_utils.py``, ``"\\n".join(texts)``).
+
+    Raises :class:`ValueError` naming the part for anything else: a non-text part (an image
+    has no text to train on), a part without a string ``text``, or content of another type.
+    """
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(f"must be a string or a list of text parts, got "
+                         f"{type(content).__name__}")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type", "text") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"part {j} is not a text part ({{'type': 'text', 'text': str}})")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
 def message_for_template(message: dict[str, Any]) -> dict[str, Any]:
     """A message as templates expect it: reasoning under every field name, None content as
     ``""`` (string concatenation in templates fails on None)."""
@@ -335,9 +359,12 @@ class ChatFormat(BaseModel):
     def load(cls, path: str | Path) -> "ChatFormat":
         """Read a ``chat_format.json``; :class:`InputError` naming the file when unreadable."""
         try:
-            return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, ValueError) as err:
-            raise InputError(f"{path}: not a readable chat format ({err})") from None
+            return cls.model_validate(read_json(path, what="chat format"))
+        except InputError:
+            raise
+        except ValueError as err:
+            raise InputError(f"{path}: not a readable chat format "
+                             f"({' '.join(str(err).split())[:300]})") from None
 
     def summary(self) -> dict[str, Any]:
         """The manifest's view: everything but the template text."""

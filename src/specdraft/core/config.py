@@ -15,7 +15,8 @@ from typing import Any, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from specdraft.core.errors import ConfigError
+from specdraft.core.errors import ConfigError, clip
+from specdraft.core.jsonl import parse_json, shape_problem
 
 
 RUN_CONTROL_FIELDS = frozenset({"resume", "overwrite", "run_dir"})
@@ -62,7 +63,7 @@ def parse_json_object(value: Any) -> Any:
         return value
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = parse_json(value)
         except ValueError as err:
             raise ValueError(f"not valid JSON: {err}") from None
     if not isinstance(value, dict):
@@ -87,6 +88,13 @@ def flag_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+def _key_name(key: object) -> str:
+    """A key of a config file as named in a message: as is when it is a plain name, else its
+    clipped ``repr`` (a key holding newlines or a megabyte of text stays on one short line)."""
+    text = str(key)
+    return text if text.isidentifier() or text.isdigit() else clip(text, 40)
+
+
 def format_validation_error(err: ValidationError, source: str,
                             names: Mapping[str, str] | None = None) -> str:
     """One line: ``invalid settings from SOURCE: --flag (field): message; ...``.
@@ -100,17 +108,25 @@ def format_validation_error(err: ValidationError, source: str,
         if not e["loc"]:
             parts.append(e["msg"])
             continue
-        field = ".".join(str(x) for x in e["loc"])
+        field = ".".join(_key_name(x) for x in e["loc"])
         top = str(e["loc"][0])
-        parts.append(f"{names.get(top) or flag_name(top)} ({field}): {e['msg']}")
+        flag = names.get(top) or (flag_name(top) if top.isidentifier() else _key_name(top))
+        parts.append(f"{flag} ({field}): {' '.join(e['msg'].split())}")
     return f"invalid settings from {source}: " + "; ".join(parts)
 
 
+YAML_MAX_VALUES = 100_000
+"""Most values a config file may expand to (aliases count each time they are used)."""
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; raise :class:`ConfigError` naming the file on any problem."""
+    """Read a YAML mapping with ``yaml.safe_load`` (plain data only: no Python objects are
+    ever constructed); raise :class:`ConfigError` naming the file (and line) on any problem:
+    unreadable, not UTF-8, not YAML, nested past :data:`~specdraft.core.jsonl.MAX_DEPTH` or
+    expanding (through aliases) to more than :data:`YAML_MAX_VALUES` values."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8-sig"))
+        data = parse_yaml(path.read_bytes().decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except OSError as err:
@@ -118,11 +134,34 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise ConfigError(f"{path}: not UTF-8 (byte offset {err.start})") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())[:400]}"
+                          ) from None
+    except ValueError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``; raises :class:`yaml.YAMLError` or :class:`ValueError` only.
+
+    ``safe_load`` can also raise RecursionError (deep nesting), ValueError/OverflowError (a
+    timestamp or number its constructors cannot build) or TypeError: all become ValueError.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except (ValueError, OverflowError, TypeError) as err:
+        raise ValueError(f"a value cannot be read ({type(err).__name__}: {err})") from None
+    problem = shape_problem(data, max_nodes=YAML_MAX_VALUES)
+    if problem:
+        raise ValueError(problem)
     return data
 
 

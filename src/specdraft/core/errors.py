@@ -15,3 +15,10 @@ class InputError(SpecdraftError, ValueError):
 
 class StageDirError(SpecdraftError, RuntimeError):
     """A stage directory is in a state the command refuses to touch (e.g. would clobber)."""
+
+
+def clip(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (with ``…``): a value from a user file named in
+    an error message, without echoing a megabyte of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"

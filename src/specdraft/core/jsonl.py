@@ -11,6 +11,49 @@ from typing import Any, Iterable, Iterator
 from specdraft.core.atomic import named_os_error
 from specdraft.core.errors import InputError
 
+MAX_DEPTH = 256
+"""Deepest nesting of arrays/objects a user file may hold. Chat records and configs nest a few
+levels (tool schemas a few dozen); deeper values are refused at the reader, so that no later
+``json.dumps``, copy or template render can hit Python's recursion limit."""
+
+
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads(text)``, total: every failure is a :class:`ValueError` with a short message.
+
+    ``json.loads`` raises :class:`RecursionError` (not a ValueError) for deep nesting
+    (``"[" * 100000``) and :class:`ValueError` for integers past Python's digit limit; values
+    nested deeper than :data:`MAX_DEPTH` are refused too.
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply for the JSON parser") from None
+    problem = shape_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def shape_problem(value: Any, *, max_depth: int = MAX_DEPTH,
+                  max_nodes: int | None = None) -> str | None:
+    """Why ``value`` is too deep (lists/dicts nested past ``max_depth``) or too big (more than
+    ``max_nodes`` values, counting each reference: YAML aliases can expand a small file into
+    billions), or None. Iterative, so a cyclic YAML value ends at the depth limit."""
+    stack, seen = [(value, 1)], 0
+    while stack:
+        v, depth = stack.pop()
+        seen += 1
+        if max_nodes is not None and seen > max_nodes:
+            return f"more than {max_nodes} values (aliases expanding?)"
+        if isinstance(v, dict):
+            v = list(v.values())
+        elif not isinstance(v, list):
+            continue
+        if depth > max_depth:
+            return f"nested deeper than {max_depth} levels"
+        stack.extend((x, depth + 1) for x in v)
+    return None
+
 
 def repair_torn_tail(path: str | os.PathLike) -> int:
     """Cut a torn last line (no trailing newline, or not valid JSON) left by a crash.
@@ -26,7 +69,7 @@ def repair_torn_tail(path: str | os.PathLike) -> int:
         if data.endswith(b"\n"):
             start = data.rfind(b"\n", 0, len(data) - 1) + 1
             try:
-                json.loads(data[start:])
+                parse_json(data[start:])
                 return 0
             except ValueError:
                 pass
@@ -95,7 +138,7 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = parse_json(line)
             except ValueError as err:
                 raise InputError(f"{path}:{lineno}: not valid JSON ({_short(err)})") from None
             if not isinstance(record, dict):
@@ -123,10 +166,12 @@ def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> Any:
         raise InputError(f"{path}:{line}: {what} is not UTF-8 (byte 0x{data[err.start]:02x})"
                          ) from None
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as err:
         raise InputError(f"{path}:{err.lineno}: {what} is not valid JSON ({err.msg} at column "
                          f"{err.colno})") from None
+    except ValueError as err:
+        raise InputError(f"{path}: {what} is not valid JSON ({_short(err)})") from None
 
 
 def _short(err: ValueError) -> str:

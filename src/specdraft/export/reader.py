@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from specdraft.core.errors import InputError
+from specdraft.core.errors import InputError, clip
 from specdraft.core.jsonl import read_json
 from specdraft.export.formats import FORMAT_SPECS, detect_format, drafter_config_from_export, \
     inverse, rename
@@ -83,8 +83,8 @@ def _check_keys(path: Path, raw: dict[str, Any]) -> None:
                 if f.default is MISSING and f.default_factory is MISSING}
     missing, unknown = sorted(required - set(raw)), sorted(set(raw) - known)
     if missing or unknown:
-        raise InputError(f"{path}: missing key(s) {missing}, unknown key(s) {unknown} for a "
-                         f"specdraft drafter config")
+        raise InputError(f"{path}: missing key(s) {missing}, unknown key(s) "
+                         f"{clip(unknown, 300)} for a specdraft drafter config")
 
 
 def _config(path: Path, build: Callable[[], Eagle3Config], raw: dict[str, Any], *,
@@ -96,7 +96,8 @@ def _config(path: Path, build: Callable[[], Eagle3Config], raw: dict[str, Any], 
     except KeyError as err:
         raise InputError(f"{path}: missing key {err} for the {fmt} format") from None
     except (TypeError, ValueError, AttributeError) as err:
-        raise InputError(f"{path}: not a valid {fmt} drafter config ({err})") from None
+        raise InputError(f"{path}: not a valid {fmt} drafter config ({clip(str(err), 200)})"
+                         ) from None
     for f in fields(cfg):
         value, want = getattr(cfg, f.name), _FIELD_TYPES.get(f.name)
         if want is not None and (isinstance(value, bool) or not isinstance(value, want)):

@@ -129,12 +129,9 @@ def _verifier_facts(verifier: str, facts: dict[str, Any]) -> None:
         facts["embed"] = model.get_input_embeddings().weight.detach().cpu()
         hf = model.config
     else:
-        from transformers import AutoConfig
+        from specdraft.core.verifier import load_hf_config
 
-        from specdraft.core.verifier import resolve_verifier
-
-        directory, gguf = resolve_verifier(verifier)
-        hf = AutoConfig.from_pretrained(directory, gguf_file=gguf)
+        hf = load_hf_config(verifier)
     facts["verifier_profile"] = resolve_profile(hf, model=model)
     hf = getattr(hf, "text_config", None) or hf
     facts["n_layers"] = facts["n_layers"] or facts["verifier_profile"].n_layers

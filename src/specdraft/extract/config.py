@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from specdraft.core.config import StageConfig, parse_layer_ids
+from specdraft.core.jsonl import parse_json
 
 
 class ExtractConfig(StageConfig):
@@ -62,8 +62,8 @@ class ExtractConfig(StageConfig):
     def _parse_engine_args(cls, v: object) -> object:
         if isinstance(v, str):
             try:
-                v = json.loads(v) if v.strip() else {}
-            except json.JSONDecodeError as err:
+                v = parse_json(v) if v.strip() else {}
+            except ValueError as err:
                 raise ValueError(f"expected a JSON object like '{{\"max_num_seqs\": 64}}': {err}")
             if not isinstance(v, dict):
                 raise ValueError(f"expected a JSON object, got {type(v).__name__}")

@@ -21,7 +21,7 @@ import torch
 
 from specdraft.core.atomic import atomic_write_json, atomic_write_text
 from specdraft.core.errors import ConfigError, InputError, StageDirError
-from specdraft.core.jsonl import iter_jsonl
+from specdraft.core.jsonl import iter_jsonl, read_json
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
@@ -99,7 +99,12 @@ def _load_dataset(run_dir: Path) -> Any:
     from datasets import load_from_disk
 
     path = stage_dir(run_dir, "prepare") / "dataset"
-    ds = load_from_disk(str(path))
+    try:
+        ds = load_from_disk(str(path))
+    except Exception as err:  # datasets/pyarrow raise many types for a damaged directory
+        raise InputError(f"{path}: not a readable prepared dataset ({type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:200]}); rerun `specdraft prepare "
+                         f"--overwrite`") from None
     missing = {"input_ids", "loss_mask", "sample_id", "turn_index", "seq_len"} - set(
         ds.column_names)
     if missing:
@@ -166,7 +171,8 @@ def _check_plan(out: Path, plan: dict[str, Any], resume: bool) -> None:
     """Write ``plan.json``; on resume refuse settings that would change the shards."""
     path = out / PLAN_FILE
     if resume and path.exists():
-        old = json.loads(path.read_text(encoding="utf-8"))
+        old = read_json(path, what="extract plan")
+        old = old if isinstance(old, dict) else {}
         changed = sorted(k for k in plan if old.get(k) != plan[k])
         if changed:
             raise StageDirError(f"{path}: --resume with changed settings {changed} (was "
@@ -447,9 +453,11 @@ def verifier_profile(config: ExtractConfig, model: Any) -> VerifierProfile:
     whose stored final state is the engine's pre-norm state normalised here). Raises
     :class:`ConfigError` naming a config field specdraft does not understand."""
     if hasattr(model, "hf_dir"):  # an EngineVerifier: the weights stay with the engine
-        from transformers import AutoConfig
+        from specdraft.core.verifier import load_hf_config
 
-        return resolve_profile(AutoConfig.from_pretrained(model.hf_dir), backend=config.backend)
+        return resolve_profile(load_hf_config(model.hf_dir,
+                                              trust_remote_code=config.trust_remote_code),
+                               backend=config.backend)
     return resolve_profile(model.config, model=model, backend=config.backend)
 
 

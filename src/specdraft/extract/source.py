@@ -9,7 +9,6 @@ tensors is :data:`specdraft.extract.capture.CONVENTION`.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 
 from specdraft.core.conventions import supervised_positions
 from specdraft.core.errors import ConfigError, InputError, StageDirError
+from specdraft.core.jsonl import iter_jsonl
 from specdraft.core.manifest import load_stage_manifest
 from specdraft.extract.batching import pad_rows
 from specdraft.extract.capture import capture_packed, check_aux_ids, decoder_parts
@@ -63,6 +63,23 @@ def row_key(sample_id: Any, turn_index: Any) -> str:
     return f"{sample_id}/{int(turn_index)}"
 
 
+_INDEX_FIELDS = {"key": str, "shard": str, "tok": int, "seq_len": int, "sup": int, "n_sup": int}
+
+
+def read_index(path: Path) -> list[dict[str, Any]]:
+    """The entries of ``index.jsonl``, each checked to hold the fields the shard reader uses
+    (:class:`InputError` naming ``path:line`` otherwise: the file was edited or damaged)."""
+    entries = []
+    for lineno, e in iter_jsonl(path):
+        bad = [k for k, t in _INDEX_FIELDS.items()
+               if not isinstance(e.get(k), t) or isinstance(e.get(k), bool)]
+        if bad:
+            raise InputError(f"{path}:{lineno}: index entry lacks {bad} (or mistyped); rerun "
+                             f"`specdraft extract --overwrite`")
+        entries.append(e)
+    return entries
+
+
 class DiskSource:
     """Rows stored by ``specdraft extract`` in ``extract_dir`` (memory-mapped shards via the
     index). Raises :class:`StageDirError` when the stage is not complete.
@@ -94,8 +111,7 @@ class DiskSource:
         self.aux_layer_ids = tuple(int(i) for i in aux_layer_ids)
         self.hidden_size = int(hidden_size)
         self.codec = CODECS[storage]
-        with open(self.root / INDEX_FILE, encoding="utf-8") as f:
-            self._entries = [json.loads(line) for line in f if line.strip()]
+        self._entries = read_index(self.root / INDEX_FILE)
         self._reader = ShardReader(self.root, self.codec, len(self.aux_layer_ids),
                                    self.hidden_size)
 

@@ -148,6 +148,7 @@ class OpenAIBackend:
         self._clients: asyncio.Queue[httpx.AsyncClient] = asyncio.Queue()
         self._all: list[httpx.AsyncClient] = []
         self._make = self._client_factory(api_key, len(self.urls))
+        self._secret = api_key
         self._room = concurrency
 
     def _client_factory(self, api_key: str | None, n_urls: int):
@@ -269,15 +270,23 @@ class OpenAIBackend:
             self._clients.put_nowait(client)
         return self._to_output(resp, url, attempt, time.perf_counter() - t0)
 
+    def _body(self, resp: httpx.Response, limit: int) -> str:
+        """The start of an error response, quoted, with the API key masked: a server that
+        echoes the key it was sent ("invalid key sk-…") must not put it in rejects.jsonl."""
+        text = resp.text
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return repr(text[:limit])
+
     def _to_output(self, resp: httpx.Response, url: str, attempt: int,
                    latency: float) -> TurnOutput:
         if resp.status_code == 429 or resp.status_code >= 500:
             kind = "http_429" if resp.status_code == 429 else "http_5xx"
-            raise RetryableError(kind, f"HTTP {resp.status_code}: {resp.text[:200]!r}",
+            raise RetryableError(kind, f"HTTP {resp.status_code}: {self._body(resp, 200)}",
                                  _retry_after(resp))
         if resp.status_code != 200:
             raise RequestFailed(f"http_{resp.status_code}",
-                                f"{url}: HTTP {resp.status_code}: {resp.text[:300]!r}", attempt)
+                                f"{url}: HTTP {resp.status_code}: {self._body(resp, 300)}", attempt)
         body, choice = parse_response(resp)
         return TurnOutput(
             message=choice["message"], finish_reason=choice.get("finish_reason"),

@@ -19,10 +19,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from specdraft.core.atomic import atomic_open
-from specdraft.core.errors import ConfigError
+from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
 from specdraft.core.assets import resolve_path
 from specdraft.core.manifest import StageClock, file_sha256, write_manifest
@@ -51,16 +51,27 @@ class PriorState:
     torn_bytes: dict[str, int] = field(default_factory=dict)
 
 
+def _prior_records(path: Path, keys: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``iter_jsonl(path)``, each record checked to hold string ``keys``; an
+    :class:`InputError` naming ``path:line`` otherwise (the file was edited by hand)."""
+    for lineno, rec in iter_jsonl(path):
+        bad = [k for k in keys if not isinstance(rec.get(k), str)]
+        if bad:
+            raise InputError(f"{path}:{lineno}: {bad} missing or not a string; this file was "
+                             f"not written by generate: rerun with --overwrite")
+        yield lineno, rec
+
+
 def load_prior(out: Path) -> PriorState:
     """Repair torn tails, read finished ids, drop ``error`` rejects (to be retried)."""
     st = PriorState(torn_bytes={n: repair_torn_tail(out / n) for n in (SAMPLES, REJECTS)})
     if (out / SAMPLES).exists():
-        for _, rec in iter_jsonl(out / SAMPLES):
+        for _, rec in _prior_records(out / SAMPLES, ("id",)):
             st.done.add(rec["id"])
             st.samples += 1
     if (out / REJECTS).exists():
         kept = []
-        for _, rec in iter_jsonl(out / REJECTS):
+        for _, rec in _prior_records(out / REJECTS, ("id", "reason")):
             if rec["reason"] in RETRIED_REASONS:
                 st.retried.add(rec["id"])
                 continue

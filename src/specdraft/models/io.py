@@ -12,9 +12,12 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specdraft.core.atomic import atomic_dir
+from specdraft.core.errors import InputError, clip
+from specdraft.core.jsonl import read_json
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
 
 CONFIG_FILE = "drafter_config.json"
@@ -35,13 +38,25 @@ def load_drafter(path: str | Path, *, device: str = "cpu",
                  dtype: torch.dtype = torch.float32) -> Eagle3DraftModel:
     """Load a drafter directory written by :func:`save_drafter` (strict: no missing or extra key).
 
-    Raises FileNotFoundError naming the missing file, RuntimeError on key mismatch.
+    Raises FileNotFoundError naming the missing file, :class:`InputError` naming the file when
+    the config is not a JSON drafter config or the weights are not safetensors (nothing is
+    ever unpickled), RuntimeError on key mismatch.
     """
     path = Path(path)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).exists():
             raise FileNotFoundError(f"{path / name} not found: not a specdraft drafter directory")
-    config = Eagle3Config.from_dict(json.loads((path / CONFIG_FILE).read_text()))
+    raw = read_json(path / CONFIG_FILE, what="drafter config")
+    try:
+        config = Eagle3Config.from_dict(raw)
+    except (TypeError, ValueError, AttributeError) as err:
+        raise InputError(f"{path / CONFIG_FILE}: not a valid drafter config "
+                         f"({clip(str(err), 200)})") from None
+    try:
+        state = load_file(str(path / WEIGHTS_FILE))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise InputError(f"{path / WEIGHTS_FILE}: not a readable safetensors file (cut short or "
+                         f"corrupt: {err})") from None
     model = Eagle3DraftModel(config)
-    model.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)
+    model.load_state_dict(state, strict=True)
     return model.to(device=device, dtype=dtype).eval()

@@ -13,7 +13,6 @@ from the manifest's) makes its stage stale too. Stages that run the verifier get
 from __future__ import annotations
 
 import gc
-import json
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,7 +20,8 @@ from typing import Any, TextIO
 from specdraft.core import lock
 from specdraft.core.atomic import atomic_write_json
 from specdraft.core.config import StageConfig
-from specdraft.core.errors import ConfigError
+from specdraft.core.errors import ConfigError, InputError
+from specdraft.core.jsonl import read_json
 from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, path_sha256,
                                      load_stage_manifest, parse_manifest, read_manifest,
                                      utc_now)
@@ -111,7 +111,9 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
     run_dir = config.run_dir
     lock.acquire(stage_dir(run_dir, "run"), what="specdraft run")
     state_path = stage_dir(run_dir, "run") / STATE_FILE
-    started = json.loads(state_path.read_text()) if state_path.exists() else {}
+    started = read_json(state_path, what="pipeline state") if state_path.exists() else {}
+    if not isinstance(started, dict):
+        raise InputError(f"{state_path}: expected a JSON object; delete it to rerun every stage")
     verifier = SharedVerifier(stream)
     actions: dict[str, str] = {}
     upstream_ran = False

@@ -1,21 +1,21 @@
 """Reading conversations: ``RUN/generate/samples.jsonl`` (docs/run-dir.md) or a ``--data`` file.
 
-``--data`` accepts, per record, OpenAI ``messages`` (``role``/``content``, optional
-``reasoning``/``reasoning_content``/``thinking``, ``tool_calls``, ``tool`` messages) or ShareGPT
+``--data`` accepts, per record, OpenAI ``messages`` (``role`` among system, developer, user,
+assistant, tool; ``content`` a string, null or a list of text parts, joined with ``"\\n"``;
+optional ``reasoning``/``reasoning_content``/``thinking`` and ``tool_calls``) or ShareGPT
 ``conversations`` (``from``/``value``), plus optional ``id``, ``tools`` (list or JSON string) and
 ``chat_template_kwargs``. Without a ``turns`` list every assistant message is a generated turn.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from specdraft.core.chat import SHAREGPT_ROLES
-from specdraft.core.errors import InputError
-from specdraft.core.jsonl import iter_jsonl, read_json
+from specdraft.core.chat import SHAREGPT_ROLES, content_text
+from specdraft.core.errors import InputError, clip
+from specdraft.core.jsonl import iter_jsonl, parse_json, read_json
 from specdraft.generate.reasoning import split_inline
 from specdraft.prepare.turns import TurnRejected
 
@@ -58,8 +58,12 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
 def _iter_dataset(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     import datasets
 
-    ds = (datasets.load_from_disk(str(path)) if path.is_dir()
-          else datasets.Dataset.from_parquet(str(path)))
+    try:
+        ds = (datasets.load_from_disk(str(path)) if path.is_dir()
+              else datasets.Dataset.from_parquet(str(path)))
+    except Exception as err:  # datasets/pyarrow raise many types for a bad file or directory
+        raise InputError(f"--data {path}: not a readable dataset ({type(err).__name__}: "
+                         f"{clip(str(err), 200)})") from None
     if isinstance(ds, datasets.DatasetDict):
         raise InputError(f"--data {path}: a DatasetDict; point at one split's directory")
     for i, record in enumerate(ds):
@@ -86,6 +90,9 @@ def to_sample(record: dict[str, Any], where: str, default_kwargs: dict[str, Any]
                  for i, m in enumerate(messages) if m.get("role") == "assistant"]
     _check_turns(messages, turns, where)
     kwargs = record.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TurnRejected("bad_record", f"{where}: 'chat_template_kwargs' must be an object, "
+                           f"got {type(kwargs).__name__}")
     return Sample(id=sample_id, messages=messages, turns=list(turns),
                   tools=_tools(record.get("tools"), where),
                   kwargs=dict(default_kwargs if kwargs is None else kwargs))
@@ -105,8 +112,9 @@ def _sample_id(record: dict[str, Any], where: str) -> str:
 
 
 def _message(m: Any, i: int, where: str, *, sharegpt: bool = False) -> dict[str, Any]:
-    """A copy of message ``i``, checked: an object with a known string role and a string (or
-    null, or OpenAI content-parts list) text; raises ``bad_record`` naming what is wrong."""
+    """A copy of message ``i``, checked: an object with a known string role and a string or null
+    text (OpenAI content parts are joined into one string, :func:`content_text`); raises
+    ``bad_record`` naming what is wrong."""
     if not isinstance(m, dict):
         raise TurnRejected("bad_record", f"{where}: message {i} is a {type(m).__name__}, "
                            f"not an object")
@@ -116,13 +124,16 @@ def _message(m: Any, i: int, where: str, *, sharegpt: bool = False) -> dict[str,
         raise TurnRejected("bad_record", f"{where}: message {i} {role_key!r} must be a string, "
                            f"got {type(role).__name__}")
     if not sharegpt and role not in _ROLES:
-        raise TurnRejected("bad_record", f"{where}: message {i} has unknown role {role!r} "
+        raise TurnRejected("bad_record", f"{where}: message {i} has unknown role {clip(role)} "
                            f"(expected one of {sorted(_ROLES)})")
     text = m.get(text_key)
-    if text is not None and not isinstance(text, (str, list)):
+    if sharegpt and text is not None and not isinstance(text, str):
         raise TurnRejected("bad_record", f"{where}: message {i} {text_key!r} must be a string, "
                            f"got {type(text).__name__}")
-    return dict(m)
+    try:
+        return {**m, text_key: content_text(text)} if text_key in m else dict(m)
+    except ValueError as err:
+        raise TurnRejected("bad_record", f"{where}: message {i} {text_key!r} {err}") from None
 
 
 def split_inline_reasoning(sample: Sample, tags: tuple[str, str]) -> Sample:
@@ -151,8 +162,8 @@ def split_inline_reasoning(sample: Sample, tags: tuple[str, str]) -> Sample:
 def _check_turns(messages: list[dict[str, Any]], turns: list[dict[str, Any]], where: str) -> None:
     for t in turns:
         i = t.get("message_index")
-        if not isinstance(i, int) or not 0 <= i < len(messages):
-            raise TurnRejected("bad_record", f"{where}: turn message_index {i!r} out of range")
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(messages):
+            raise TurnRejected("bad_record", f"{where}: turn message_index {clip(i)} out of range")
         if messages[i].get("role") != "assistant":
             raise TurnRejected("bad_record", f"{where}: message {i} is not an assistant message")
     for i, m in enumerate(messages):
@@ -165,7 +176,7 @@ def _tools(tools: Any, where: str) -> list | None:
         return None
     if isinstance(tools, str):
         try:
-            tools = json.loads(tools)
+            tools = parse_json(tools)
         except ValueError:
             raise TurnRejected("bad_record", f"{where}: 'tools' is not valid JSON") from None
     if not isinstance(tools, list):
@@ -178,14 +189,17 @@ def _from_sharegpt(message: dict[str, Any], where: str) -> dict[str, Any]:
     JSON ``{"name", "arguments"}``, become an assistant ``tool_calls`` entry)."""
     role = SHAREGPT_ROLES.get(str(message.get("from", "")).lower())
     if role is None:
-        raise TurnRejected("bad_record", f"{where}: unknown ShareGPT role {message.get('from')!r}")
+        raise TurnRejected("bad_record",
+                           f"{where}: unknown ShareGPT role {clip(message.get('from'))}")
     out = {k: v for k, v in message.items() if k not in ("from", "value")}
     out.update(role=role, content=message.get("value"))
     if message.get("from") == "function_call":
         try:
-            call = json.loads(message.get("value") or "")
+            call = parse_json(message.get("value") or "")
         except ValueError:
             raise TurnRejected("bad_record", f"{where}: function_call value is not JSON") from None
+        if not isinstance(call, dict):
+            raise TurnRejected("bad_record", f"{where}: function_call value is not a JSON object")
         out.update(content="", tool_calls=[{"type": "function", "function": call}])
     return out
 

@@ -18,6 +18,7 @@ from specdraft.core.chat import (CHAT_FORMAT_FILE, DEFAULT_THINK, ChatFormat, Re
                                  added_token_ids, byte_fallback_ids, message_reasoning,
                                  template_special_ids)
 from specdraft.core.errors import ConfigError, InputError
+from specdraft.core.jsonl import read_json
 from specdraft.core.manifest import StageClock, input_hash, path_sha256, write_manifest
 from specdraft.core.rejects import Rejects
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
@@ -25,7 +26,7 @@ from specdraft.prepare.config import PrepareConfig
 from specdraft.prepare.records import (Sample, iter_records, iter_turns, split_inline_reasoning,
                                        to_sample)
 from specdraft.prepare.stats import Summary
-from specdraft.prepare.turns import Rules, Turn, TurnRejected, encode_turn
+from specdraft.prepare.turns import Rules, Turn, TurnRejected, check_token_ids, encode_turn
 from specdraft.prepare.writer import DatasetWriter
 
 STAGE = "prepare"
@@ -41,6 +42,9 @@ def load_prepare_tokenizer(config: PrepareConfig) -> Any:
     if path.is_dir():
         from transformers import AutoTokenizer
 
+        from specdraft.core.verifier import require_trust
+
+        require_trust(path, config.trust_remote_code)
         return AutoTokenizer.from_pretrained(str(path),
                                              trust_remote_code=config.trust_remote_code)
     return load_tokenizer(path, trust_remote_code=config.trust_remote_code)
@@ -78,7 +82,8 @@ def verifier_vocab_size(config: PrepareConfig, tokenizer: Any) -> int:
             raise
         return len(tokenizer)
     if gguf_file is None:
-        cfg = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+        cfg = read_json(Path(directory) / "config.json", what="verifier config")
+        cfg = cfg if isinstance(cfg, dict) else {}
         size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
         if size:
             return int(size)
@@ -107,6 +112,7 @@ class _Job:
         self.rejects = Rejects(out, filename=f"rejects.jsonl.tmp-{os.getpid()}")
         self.writer = DatasetWriter(out / f"dataset.arrow.tmp-{os.getpid()}")
         self.summary = Summary(vocab_size)
+        self.vocab_size = vocab_size
         self.kwargs_seen: Counter[str] = Counter()
         self.ids_seen: set[str] = set()
 
@@ -131,13 +137,16 @@ class _Job:
     def add_turn(self, sample: Sample, turn_index: int, meta: dict[str, Any]) -> None:
         key = f"{sample.id}/{turn_index}"
         message = sample.messages[meta["message_index"]]
-        turn = Turn(messages=sample.messages, message_index=meta["message_index"],
-                    reasoning=message_reasoning(message),
-                    finish_reason=meta.get("finish_reason") or "stop",
-                    completion_token_ids=meta.get("completion_token_ids"),
-                    tools=sample.tools, kwargs=sample.kwargs,
-                    prompt_token_ids=meta.get("prompt_token_ids"))
         try:
+            turn = Turn(messages=sample.messages, message_index=meta["message_index"],
+                        reasoning=message_reasoning(message),
+                        finish_reason=str(meta.get("finish_reason") or "stop"),
+                        completion_token_ids=check_token_ids(
+                            meta.get("completion_token_ids"), "completion_token_ids",
+                            self.vocab_size),
+                        tools=sample.tools, kwargs=sample.kwargs,
+                        prompt_token_ids=check_token_ids(meta.get("prompt_token_ids"),
+                                                         "prompt_token_ids", self.vocab_size))
             if self.config.require_reasoning and not turn.reasoning.strip():
                 raise TurnRejected("no_reasoning", "--require-reasoning and the turn has none")
             enc = encode_turn(self.renderer, turn, self.rules)
@@ -151,19 +160,26 @@ class _Job:
                              truncated=enc.truncated, scaffold=enc.scaffold)
 
 
+def start_job(config: PrepareConfig, out: Path) -> tuple[_Job, ChatFormat, int]:
+    """The job writing under ``out`` (tokenizer, chat format, rules), its chat format and the
+    verifier's vocabulary size."""
+    tokenizer = load_prepare_tokenizer(config)
+    fmt = resolve_chat_format(config, tokenizer)
+    rules = Rules(stop_ids=frozenset(fmt.stop_token_ids), think=fmt.think_names,
+                  max_seq_len=config.max_seq_len, reasoning_format=config.reasoning_format)
+    vocab_size = verifier_vocab_size(config, tokenizer)
+    job = _Job(config, fmt.renderer(tokenizer), rules, out, max(vocab_size, len(tokenizer)))
+    return job, fmt, vocab_size
+
+
 def run(config: PrepareConfig) -> dict[str, Any]:
     """Run the prepare stage; return its manifest. Raises ConfigError / InputError /
     StageDirError with a message naming the flag, file+line or directory."""
     clock = StageClock()
     out = open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
     source, inputs = input_files(config)
-    tokenizer = load_prepare_tokenizer(config)
-    fmt = resolve_chat_format(config, tokenizer)
-    renderer = fmt.renderer(tokenizer)
-    rules = Rules(stop_ids=frozenset(fmt.stop_token_ids), think=fmt.think_names,
-                  max_seq_len=config.max_seq_len, reasoning_format=config.reasoning_format)
-    vocab_size = verifier_vocab_size(config, tokenizer)
-    job = _Job(config, renderer, rules, out, max(vocab_size, len(tokenizer)))
+    job, fmt, vocab_size = start_job(config, out)
+    renderer = job.renderer
     try:
         for n, (where, record) in enumerate(iter_records(source), 1):
             job.add_record(where, record)
@@ -187,13 +203,18 @@ def run(config: PrepareConfig) -> dict[str, Any]:
 
 
 def _refuse_empty(job: _Job, source: Any, out: Path) -> None:
-    """An empty dataset is an error, not an artifact: say why every turn was rejected."""
+    """An empty dataset is an error, not an artifact: say why every turn was rejected. The
+    rejects go to their final name first (``RUN/prepare/rejects.jsonl``, the file the message
+    names); no manifest is written, so the stage stays incomplete."""
     if job.summary.figures(dict(job.rejects.counts))["tokenized"] > 0:
         return
-    job.rejects.flush()
+    job.rejects.close()
+    final = out / "rejects.jsonl"
+    os.replace(job.rejects.path, final)
+    hint = f"details in {final}; fix the data and rerun with --overwrite" if job.rejects.total \
+        else "no input turns"
     raise InputError(f"prepare: no row was produced from {source}; rejects by reason: "
-                     f"{dict(job.rejects.counts) or 'none (no input turns)'} "
-                     f"(details in {job.rejects.path})")
+                     f"{dict(job.rejects.counts) or 'none'} ({hint})")
 
 
 def _with_sample_kwargs(fmt: ChatFormat, seen: Counter[str]) -> ChatFormat:

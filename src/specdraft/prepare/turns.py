@@ -116,6 +116,19 @@ def encode_turn(renderer: Renderer, turn: Turn, rules: Rules) -> Encoded:
     return _assemble(prompt_ids, completion, cut, scaffold, rules.max_seq_len)
 
 
+def check_token_ids(ids: Any, what: str, vocab_size: int) -> list[int] | None:
+    """``ids`` (a turn's ``completion_token_ids`` / ``prompt_token_ids``) as a list of ints, or
+    None; raises ``bad_record`` unless it is a list of integers in ``[0, vocab_size)`` (an id
+    out of range would index past the verifier's embedding in ``extract``)."""
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids):
+        raise TurnRejected("bad_record", f"{what} must be a list of token ids in "
+                           f"[0, {vocab_size})")
+    return ids
+
+
 def check_server_prompt(prompt_ids: list[int], server_ids: list[int] | None) -> None:
     """Reject (``prompt_mismatch``) a turn whose rendered prompt differs from the ids the server
     reported it fed the verifier (vLLM's ``prompt_token_ids``): its completion was generated

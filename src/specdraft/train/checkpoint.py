@@ -74,7 +74,7 @@ def load_latest(root: Path) -> tuple[Eagle3DraftModel, dict[str, Any], Path] | N
     for step, path in reversed(list_checkpoints(root)):
         try:
             drafter = load_drafter(path)
-            state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False)
+            state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unreadable file disqualifies it
             print(f"specdraft train: skipping unreadable checkpoint {path}: {err}")
             continue

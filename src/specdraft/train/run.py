@@ -54,17 +54,14 @@ def verifier_profile(cfg: TrainConfig, verifier: Any, extract_manifest: Any) -> 
         return extract_manifest.profile
     if verifier is not None:
         return resolve_profile(verifier.config, model=verifier)
-    from transformers import AutoConfig
-
     recorded = extract_manifest.verifier if extract_manifest is not None else {}
     path = cfg.verifier or recorded.get("path")
     if not path:
         raise ConfigError("--verifier: needed to read the verifier's config (the extract "
                           "manifest records no verifier profile nor path)")
-    from specdraft.core.verifier import resolve_verifier
+    from specdraft.core.verifier import load_hf_config
 
-    directory, gguf = resolve_verifier(path)
-    return resolve_profile(AutoConfig.from_pretrained(directory, gguf_file=gguf))
+    return resolve_profile(load_hf_config(path))
 
 
 def verifier_head(verifier: Any, run_dir: Path) -> dict[str, torch.Tensor]:

@@ -59,7 +59,8 @@ def token_strings(prepare_manifest: PrepareManifest, ids: list[int]) -> list[str
     try:
         from transformers import AutoTokenizer
 
-        return list(AutoTokenizer.from_pretrained(str(path)).convert_ids_to_tokens(ids))
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        return list(tok.convert_ids_to_tokens(ids))
     except (OSError, ValueError):
         return [None] * len(ids)
 
