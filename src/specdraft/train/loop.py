@@ -52,6 +52,18 @@ def make_optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
                              weight_decay=cfg.weight_decay)
 
 
+def autocast_context(dtype: str, device: torch.device):
+    """The compute precision of ``--dtype`` on ``device``: ``float32`` runs as is, ``bfloat16``
+    under ``torch.autocast`` (``auto``: bf16 on CUDA, fp32 on CPU). Autocast only: parameters,
+    gradients and AdamW moments stay fp32 (the master weights); matmuls and attention run in
+    bf16, norms, softmax and the loss in fp32 (RMSNorm and the loss upcast explicitly)."""
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" else "float32"
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
 def peak_memory_mb(device: torch.device) -> float:
     """Peak CUDA memory allocated on ``device``, or the peak RSS of this process (MiB)."""
     if device.type == "cuda":
@@ -130,12 +142,7 @@ class Trainer:
         return self.data.collate(self.data.source.get_batch(list(mb)))
 
     def autocast(self):
-        dtype = self.cfg.dtype
-        if dtype == "auto":
-            dtype = "bfloat16" if self.env.device.type == "cuda" else "float32"
-        if dtype == "float32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.env.device.type, dtype=torch.bfloat16)
+        return autocast_context(self.cfg.dtype, self.env.device)
 
     # ----- one optimizer step -----
     def train_step(self, window: Window) -> float:
