@@ -4,6 +4,11 @@ V=49152, one row of 2048 tokens, TTT 7, AdamW step included). On CUDA also the m
 utilisation (matmul FLOPs of forward+backward / time / --peak-tflops).
 
     python benchmarks/bench_train.py [--device cpu|cuda] [--steps 3] [--seq 2048] [--profile]
+        [--dtype float32,bfloat16]
+
+``--dtype``: the compute precisions to time, as ``specdraft train --dtype`` applies them
+(:func:`specdraft.train.loop.autocast_context`: fp32, or bf16 autocast over fp32 master
+weights; ``auto``, the default, is bf16 on CUDA and fp32 on CPU).
 
 ``--profile``: one more step under ``torch.profiler``; prints the operators by self CPU time
 (where the step's time goes: the draft-vocab head's matmuls, the softmax/loss, attention).
@@ -19,6 +24,7 @@ import time
 import torch
 
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
+from specdraft.train.loop import autocast_context
 from specdraft.train.objective import TrainBatch, TTTObjective
 
 
@@ -73,7 +79,7 @@ def profile_step(step, rows: int = 15) -> str:
 
 
 def bench(attn: str, device: str, steps: int, T: int, ttt: int, profile: bool = False,
-          sup_from: float = 0.0) -> dict:
+          sup_from: float = 0.0, dtype: str = "auto") -> dict:
     torch.manual_seed(0)
     model = smollm2_drafter(attn).to(device)
     obj = TTTObjective(model, steps=ttt)
@@ -81,8 +87,7 @@ def bench(attn: str, device: str, steps: int, T: int, ttt: int, profile: bool = 
                             betas=(0.9, 0.95))
     b = batch(T, model.config.draft_vocab_size, device, sup_from)
     norm = obj.loss_counts(b)
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else \
-        torch.autocast("cpu", enabled=False)
+    ctx = autocast_context(dtype, torch.device(device))
     times = []
     for i in range(steps + 1):  # the first step warms up
         if device == "cuda":
@@ -95,7 +100,8 @@ def bench(attn: str, device: str, steps: int, T: int, ttt: int, profile: bool = 
     if profile:
         print(profile_step(lambda: one_step(obj, opt, b, norm, ctx)), flush=True)
     dt = sum(times[1:]) / steps
-    r = {"attn": attn, "device": device, "seq": T, "ttt": ttt, "s_per_step": round(dt, 3),
+    r = {"attn": attn, "device": device, "dtype": dtype, "seq": T, "ttt": ttt,
+         "s_per_step": round(dt, 3),
          "tokens_per_s": round(T / dt, 1)}
     if device == "cuda":
         r["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
@@ -116,12 +122,14 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--sup-from", type=float, default=0.0,
                     help="fraction of each row before the first supervised position")
+    ap.add_argument("--dtype", default="auto", help="comma-separated: auto, float32, bfloat16")
     a = ap.parse_args()
-    for attn in a.attn.split(","):
-        r = bench(attn, a.device, a.steps, a.seq, a.ttt, a.profile, a.sup_from)
-        if "tflops" in r:
-            r["mfu"] = round(r["tflops"] / a.peak_tflops, 3)
-        print(json.dumps(r), flush=True)
+    for dtype in a.dtype.split(","):
+        for attn in a.attn.split(","):
+            r = bench(attn, a.device, a.steps, a.seq, a.ttt, a.profile, a.sup_from, dtype)
+            if "tflops" in r:
+                r["mfu"] = round(r["tflops"] / a.peak_tflops, 3)
+            print(json.dumps(r), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from specdraft.core import lock
 from specdraft.core.atomic import remove_stale_tmp
 from specdraft.core.errors import StageDirError
 from specdraft.core.manifest import MANIFEST, Manifest, load_stage_manifest
+from specdraft.core.resume import SETTINGS_FILE
 
 
 def stage_dir(run_dir: str | Path, stage: str) -> Path:
@@ -55,13 +56,15 @@ def open_stage_dir(run_dir: str | Path, stage: str, *, resume: bool = False,
 
 
 def holds_work(path: Path) -> bool:
-    """True when ``path`` holds a manifest or any non-empty file outside the lock and the
+    """True when ``path`` holds a manifest or any non-empty file outside the lock, the stored
+    settings (:data:`specdraft.core.resume.SETTINGS_FILE`, written before any work) and the
     leftovers of interrupted atomic writes (those are never resumed from)."""
     if (path / MANIFEST).exists():
         return True
     for p in path.rglob("*"):
         rel = p.relative_to(path)
-        if rel.name == lock.LOCK_FILE or any(".tmp-" in q or ".old-" in q for q in rel.parts):
+        if rel.name == lock.LOCK_FILE or str(rel) == SETTINGS_FILE or \
+                any(".tmp-" in q or ".old-" in q for q in rel.parts):
             continue
         if p.is_file() and p.stat().st_size > 0:
             return True

@@ -24,6 +24,7 @@ from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.jsonl import iter_jsonl, read_json
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
+from specdraft.core.resume import record_settings
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
 from specdraft.extract.batching import pad_rows, plan_batches, plan_shards, rank_batches
 from specdraft.extract.capture import (CONVENTION, capture_packed, check_aux_ids,
@@ -395,16 +396,20 @@ def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
 def _run(config: ExtractConfig, verifier: Any, rank: int, world: int) -> dict[str, Any]:
     clock = StageClock()
     require_stage(config.run_dir, "prepare")
-    _on_rank0(lambda: open_stage_dir(config.run_dir, STAGE, resume=config.resume,
-                                     overwrite=config.overwrite), rank, world)
     out = stage_dir(config.run_dir, STAGE)
+
+    def open_and_compare() -> dict[str, list[Any]]:
+        open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
+        return record_settings(out, config, stage=STAGE, resume=config.resume)
+
+    changes = _on_rank0(open_and_compare, rank, world)
     ds = _load_dataset(config.run_dir)
     if config.backend == "vllm":  # a GGUF verifier is converted once, by rank 0
         from specdraft.extract.vllm_backend import verifier_hf_dir
         _on_rank0(lambda: verifier_hf_dir(config), rank, world)
         _barrier(world)
     model = _load_model(config, verifier, out)
-    ctx = _context(config, model, ds, rank, world)
+    ctx = {**_context(config, model, ds, rank, world), "resume_changes": changes or {}}
     in_memory = verifier is not None
     ctx["identity"] = _on_rank0(lambda: verifier_identity(config, in_memory=in_memory), rank,
                                 world)
@@ -508,6 +513,7 @@ def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str
                     "bytes_per_token": round(total / max(tokens, 1), 2),
                     "bytes_per_token_over_8H": round(total / max(tokens, 1) / (8 * H), 4)},
         "world_size": world, "throughput": stats, "verify": checked,
+        "resume_changes": ctx["resume_changes"],
         "files": {"index": INDEX_FILE, "head": HEAD_FILE, "shards": "shards/"},
     }
     counts = {"rows_in": len(ctx["keys"]), "rows_out": len(entries), "tokens": tokens,

@@ -1,7 +1,9 @@
 """``specdraft generate``: answer every prompt with the verifier and write
 ``RUN/generate/samples.jsonl`` (finished samples) and ``rejects.jsonl`` (each with its reason).
 
-Resume (``--resume``): a torn last line of either file is cut (and reported); ids already in
+Resume (``--resume``): the settings stored in ``settings.json`` when the stage started are
+compared with the new ones (:mod:`specdraft.core.resume`: transport and bookkeeping settings may
+change, sampling, template, model and checks may not); a torn last line of either file is cut (and reported); ids already in
 ``samples.jsonl`` are skipped, and so are ids rejected for a reason the model caused
 (``truncated``, ``malformed_think``, ``empty_answer``, ``empty_reasoning``): rerunning them would
 give the same answer. Ids rejected with ``error`` (server/network failure after retries) are
@@ -27,6 +29,7 @@ from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
 from specdraft.core.assets import resolve_path
 from specdraft.core.manifest import StageClock, file_sha256, write_manifest
 from specdraft.core.rejects import Rejects
+from specdraft.core.resume import record_settings
 from specdraft.core.rundir import open_stage_dir
 from specdraft.generate.config import GenerateConfig
 from specdraft.generate.inputs import Prompt, read_prompts
@@ -183,6 +186,7 @@ def run(config: GenerateConfig, *, verifier: Any = None, stream: TextIO | None =
     api_key = _api_key(config)
     out = open_stage_dir(config.run_dir, STAGE, resume=config.resume,
                          overwrite=config.overwrite)
+    changes = record_settings(out, config, stage=STAGE, resume=config.resume)
     prior = load_prior(out)
     for name, cut in prior.torn_bytes.items():
         if cut:
@@ -203,7 +207,8 @@ def run(config: GenerateConfig, *, verifier: Any = None, stream: TextIO | None =
     summary = progress.summary()
     summary["rejected"] = dict(sorted(sink.rejects.counts.items()))  # with duplicate prompts
     _say(stream, format_summary(summary))
-    return _finish(config, out, clock, prior, sink, counts, summary, facts)
+    return _finish(config, out, clock, prior, sink, counts, summary,
+                   {**facts, "resume_changes": changes})
 
 
 def _finish(config: GenerateConfig, out: Path, clock: StageClock, prior: PriorState,

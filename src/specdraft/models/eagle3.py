@@ -398,7 +398,9 @@ class Eagle3Attention(nn.Module):
         k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, k, *cos_sin)
-        return q, k, v
+        # Under autocast q/k/v leave the projections in bf16 but the fp32 rotary tables promote
+        # q and k back to fp32; the fused CPU kernel takes one dtype, so all three share v's.
+        return q.to(v.dtype), k.to(v.dtype), v
 
     def out(self, o: torch.Tensor) -> torch.Tensor:
         """o [B, h, T, d] -> [B, T, H]."""

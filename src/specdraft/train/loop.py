@@ -21,7 +21,9 @@ import torch
 from torch import nn
 
 from specdraft.core.atomic import atomic_open
+from specdraft.core.errors import StageDirError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl
+from specdraft.core.resume import check_resume_settings
 from specdraft.models.eagle3 import Eagle3DraftModel
 from specdraft.core.manifest import write_provenance
 from specdraft.models.io import save_drafter
@@ -48,6 +50,18 @@ def make_optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     params = [p for p in module.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              weight_decay=cfg.weight_decay)
+
+
+def autocast_context(dtype: str, device: torch.device):
+    """The compute precision of ``--dtype`` on ``device``: ``float32`` runs as is, ``bfloat16``
+    under ``torch.autocast`` (``auto``: bf16 on CUDA, fp32 on CPU). Autocast only: parameters,
+    gradients and AdamW moments stay fp32 (the master weights); matmuls and attention run in
+    bf16, norms, softmax and the loss in fp32 (RMSNorm and the loss upcast explicitly)."""
+    if dtype == "auto":
+        dtype = "bfloat16" if device.type == "cuda" else "float32"
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, dtype))
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -114,6 +128,7 @@ class Trainer:
         self.tokens_seen, self.best_tau, self.best_step = 0, -1.0, None
         self.last_val: dict[str, Any] | None = None
         self.best_val: dict[str, Any] | None = None
+        self.resume_changes: dict[str, list[Any]] = {}
 
     # ----- data -----
     def plan(self, epoch: int) -> list[MicroBatch]:
@@ -127,12 +142,7 @@ class Trainer:
         return self.data.collate(self.data.source.get_batch(list(mb)))
 
     def autocast(self):
-        dtype = self.cfg.dtype
-        if dtype == "auto":
-            dtype = "bfloat16" if self.env.device.type == "cuda" else "float32"
-        if dtype == "float32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.env.device.type, dtype=torch.bfloat16)
+        return autocast_context(self.cfg.dtype, self.env.device)
 
     # ----- one optimizer step -----
     def train_step(self, window: Window) -> float:
@@ -204,7 +214,7 @@ class Trainer:
                 "best_step": self.best_step, "best_val": self.best_val,
                 "last_val": self.last_val, "scheduler": self.scheduler.state_dict(),
                 "rng": ckpt.rng_state(), "world_size": self.env.world_size,
-                "config_hash": self.cfg.config_hash()}
+                "config_hash": self.cfg.config_hash(), "config": self.cfg.to_dict()}
 
     def full_drafter(self) -> tuple[Eagle3DraftModel, dict]:
         """(a full drafter to save, the full optimizer state); collective under FSDP."""
@@ -240,11 +250,16 @@ class Trainer:
         barrier(self.env)
 
     def restore(self) -> bool:
-        """Load the newest readable checkpoint; False when there is none."""
+        """Load the newest usable checkpoint; False when there is none.
+
+        Its settings are compared with this run's first (:func:`check_checkpoint_settings`):
+        a refused change raises :class:`StageDirError` before any state is loaded; the allowed
+        ones are kept in ``resume_changes`` for the manifest."""
         found = ckpt.load_latest(self.out / "checkpoints")
         if found is None:
             return False
-        drafter, state, _ = found
+        drafter, state, path = found
+        self.resume_changes = check_checkpoint_settings(state, self.cfg, self.env, path)
         model_state = {f"drafter.{k}": v for k, v in drafter.state_dict().items()}
         load_full_states(self.model, self.optimizer, model_state, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -253,6 +268,29 @@ class Trainer:
                     "best_val", "last_val"):
             setattr(self, key, state[key])
         return True
+
+
+def check_checkpoint_settings(state: dict[str, Any], cfg: TrainConfig, env: DistEnv,
+                              path: Path) -> dict[str, list[Any]]:
+    """The allowed setting changes between the checkpoint at ``path`` and ``cfg``
+    (:func:`specdraft.core.resume.check_resume_settings`). Raises :class:`StageDirError` on any
+    other change, on a changed number of processes (the data plan depends on it), and, for a
+    checkpoint that records only its settings' hash (written before the settings were kept),
+    on a different hash."""
+    where = path / ckpt.STATE_FILE
+    if state.get("world_size", env.world_size) != env.world_size:
+        raise StageDirError(f"--resume with {env.world_size} processes but {where} was written "
+                            f"by {state['world_size']} (the data plan depends on it); resume "
+                            f"with the same number, or start over with --overwrite or a new "
+                            f"--run-dir")
+    if "config" in state:
+        return check_resume_settings(state["config"], cfg, stage="train", where=where)
+    if state["config_hash"] != cfg.config_hash():
+        raise StageDirError(f"--resume with settings whose hash {cfg.config_hash()} differs from "
+                            f"{state['config_hash']} recorded in {where} (an older checkpoint: "
+                            f"it records no settings to name the change); resume with the "
+                            f"stored settings, or start over with --overwrite or a new --run-dir")
+    return {}
 
 
 def trim_metrics(path: Path, step: int) -> None:
@@ -362,7 +400,7 @@ def fit(tr: Trainer, *, resume: bool = False) -> dict[str, Any]:
     elapsed = time.monotonic() - t0
     tokens = all_reduce_sum(torch.tensor([float(tr.tokens_seen - tokens0)],
                                          device=tr.env.device), tr.env).item()
-    return {"resumed": resumed, "steps": tr.step, "epochs_done": tr.epoch,
+    return {"resumed": resumed, "resume_changes": tr.resume_changes, "steps": tr.step, "epochs_done": tr.epoch,
             "steps_per_epoch": tr.steps_per_epoch, "total_steps": tr.total_steps,
             "dropped_micro_batches_per_epoch": tr.dropped_per_epoch,
             "tokens_per_s": tokens / max(elapsed, 1e-9),
