@@ -38,12 +38,13 @@ MT_BENCH = SHARED / "mt_bench" / "question.jsonl"
 
 def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 100,
                   chats: Path | None = None, storage: str = "bf16", seed: int = 0,
-                  ttt_steps: int = 4) -> dict:
+                  ttt_steps: int = 4, train_dtype: str | None = None) -> dict:
     """The pipeline config of the benchmark (same fields as configs/demo-smollm2.yaml);
     ``chats``: conversations for ``prepare --data`` instead of generating (e.g. the
     ``samples.jsonl`` of an earlier generate); ``seed``: the train stage's (initialization,
     shuffling and which rows are held out for validation); ``ttt_steps``: the TTT depth K of
-    training (eval drafts k = 4 whatever K is)."""
+    training (eval drafts k = 4 whatever K is); ``train_dtype``: the train stage's ``dtype``
+    (None: its default, ``auto``)."""
     cfg = {
         "run_dir": str(run_dir), "verifier": "smollm2", "device": "cpu",
         "generate": {"prompts": str(SHARED / "gsm8k" / "train.jsonl"), "limit": n_train,
@@ -61,6 +62,8 @@ def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 10
     }
     if chats is not None:
         cfg["prepare"]["data"] = str(chats)
+    if train_dtype is not None:
+        cfg["train"]["dtype"] = train_dtype
     return cfg
 
 
@@ -107,6 +110,9 @@ def main() -> None:
                     "train onward reruns: the spread over seeds is the training noise")
     ap.add_argument("--ttt-steps", type=int, default=4, help="TTT depth of training, of both "
                     "trainers with --peer (specdraft's own default is 7); eval drafts k = 4")
+    ap.add_argument("--train-dtype", default=None, choices=["float32", "bfloat16"],
+                    help="specdraft's training precision (bfloat16: autocast over fp32 master "
+                         "weights); with generate..extract copied, only train onward reruns")
     ap.add_argument("--from", dest="from_stage", default=None, help="start the pipeline at "
                     "this stage and take the earlier ones as they are in --run-dir (e.g. train, "
                     "with generate..extract copied from another run: `specdraft run --from`)")
@@ -123,7 +129,7 @@ def main() -> None:
     cfg_path.write_text(yaml.safe_dump(pipeline_yaml(args.run_dir, args.n_train, args.epochs,
                                                      args.eval_limit, args.chats,
                                                      args.storage, args.seed,
-                                                     args.ttt_steps)))
+                                                     args.ttt_steps, args.train_dtype)))
     config = PipelineConfig.from_yaml(cfg_path)
     t0 = time.monotonic()
     manifest = run(config, from_stage=args.from_stage or ("prepare" if args.chats else None))
