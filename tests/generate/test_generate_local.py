@@ -96,7 +96,8 @@ def test_summary_figures_recount_from_the_written_samples(tiny, tmp_path):
     assert s["total_tokens"] == sum(seq) and s["response_tokens"] == 8
     assert s["mean_seq_len"] == round(sum(seq) / 2, 1) and s["mean_response_len"] == 4.0
     assert s["unique_tokens"] == len(ids) and s["with_reasoning_pct"] == 0.0
-    assert s["tokens_per_s"] == pytest.approx(8 / s["elapsed_s"], rel=1e-2)
-    assert s["req_per_s"] == pytest.approx(2 / s["elapsed_s"], rel=1e-2)
+    # the rates use the progress clock, elapsed_s the stage clock: a few ms apart under load
+    assert s["tokens_per_s"] == pytest.approx(8 / s["elapsed_s"], rel=5e-2)
+    assert s["req_per_s"] == pytest.approx(2 / s["elapsed_s"], rel=5e-2)
     assert f"tokens: {sum(seq)} total, 8 response" in out.getvalue()
     assert "skipped: 1 (duplicate=1)" in out.getvalue()

@@ -111,7 +111,9 @@ def verifier_identity(cfg: TrainConfig, extract_manifest: Any) -> dict[str, Any]
 
     try:
         return identify(cfg.verifier)
-    except ConfigError as err:  # a model handed over in memory under a name with no files
+    except (ConfigError, OSError, ValueError) as err:
+        # a model handed over in memory under a name with no files, or a directory with a
+        # config alone (an engine-only verifier): said, and the drafter carries no identity
         print(f"train: verifier identity not recorded ({err})", file=sys.stderr)
         return None
 
