@@ -59,53 +59,8 @@ from typing import Literal, Protocol, Sequence
 
 import torch
 
-from specdraft.core.errors import ConfigError
+from specdraft.eval.shapes import TreeShape
 from specdraft.eval.specdec import EagleDrafter, Generation, VerifierSession, prefill
-
-
-@dataclass(frozen=True)
-class TreeShape:
-    """SGLang's ``--speculative-num-steps``, ``--speculative-eagle-topk`` and
-    ``--speculative-num-draft-tokens`` (the root, i.e. the last committed token, counted)."""
-
-    steps: int
-    topk: int
-    num_draft_tokens: int
-
-    @property
-    def pool_size(self) -> int:
-        """Candidates drafted per verify step: ``K + (S-1)·K²``."""
-        return self.topk + (self.steps - 1) * self.topk ** 2
-
-    def check(self) -> "TreeShape":
-        """Raise :class:`ConfigError` for a shape SGLang would refuse or silently change."""
-        S, K, N = self.steps, self.topk, self.num_draft_tokens
-        if S < 1 or K < 1:
-            raise ConfigError(f"--k {S} / --topk {K}: SGLang needs --speculative-num-steps >= 1 "
-                              "and --speculative-eagle-topk >= 1")
-        if K == 1 and N != S + 1:
-            raise ConfigError(f"--num-draft-tokens {N} with --topk 1: SGLang replaces it by "
-                              f"speculative_num_steps + 1 = {S + 1} for a chain (server_args.py "
-                              f"'speculative_num_draft_tokens is adjusted'); give {S + 1}")
-        if N < S + 1:
-            raise ConfigError(f"--num-draft-tokens {N} is below --k + 1 = {S + 1}: drafts "
-                              f"deeper than {N - 1} can never be verified (SGLang verifies N "
-                              "tokens, the root included); raise it or lower --k")
-        if N - 1 > self.pool_size:
-            raise ConfigError(f"--num-draft-tokens {N}: only K + (S-1)·K² = {self.pool_size} "
-                              f"candidates are drafted with --k {S} --topk {K} (SGLang's "
-                              "torch.topk over the pool fails); give at most "
-                              f"{self.pool_size + 1}")
-        return self
-
-
-def check_engine_shape(engine: str, shape: TreeShape) -> None:
-    """Refuse a tree for an engine that only drafts chains: vLLM 0.32's ``SpeculativeConfig``
-    has ``num_speculative_tokens`` and no tree (``vllm/config/speculative.py``)."""
-    if engine == "vllm" and shape.topk > 1:
-        raise ConfigError(f"--topk {shape.topk} with --engine vllm: vLLM 0.32 drafts a chain "
-                          "(speculative_config num_speculative_tokens, no eagle top-k): use "
-                          "--topk 1, or --engine sglang for a tree")
 
 
 def top_indices(values: torch.Tensor, n: int) -> torch.Tensor:
