@@ -146,5 +146,5 @@ def test_eval_run_with_a_tree_and_a_sweep(tmp_path, six_layer_verifier, six_laye
     assert [r["setting"] for r in res["serve_plan"]["settings"]] == ["chain k=2", "tree 3x2x6"]
     assert res["serve_plan"]["settings"][1]["tau"] == pytest.approx(res["tau"])
     line = EvalManifest(**m).figures()
-    assert "tau by context <512" in line and f"serve plan: best {res['serve_plan']['best']}" in line
+    assert "SGLang tree 3x2x6, accept length" in line and "tau by context <512" in line and f"serve plan: best {res['serve_plan']['best']}" in line
     assert (run_dir / "eval" / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
