@@ -28,7 +28,9 @@ CUDA, whose order among equal values PyTorch does not document; on CPU (torch 2.
 lower-index-first. It could not be read on a GPU here (none lent);
 ``benchmarks/topk_ties_cuda.py`` prints it on a machine that has one. Exact ties between
 different tokens are rare in float32 softmax; the one that occurs is a child of probability 1.0
-scoring exactly its parent, where lower-index-first keeps the parent.
+scoring exactly its parent, where lower-index-first keeps the parent. Ranking over verifier
+ids equals ranking over draft ids: specdraft's draft vocabulary keeps target ids in increasing
+order (:mod:`specdraft.vocab.mapping`).
 
 The drafter's attention while drafting (SGLang's draft KV layout, ``assign_draft_cache_locs`` /
 ``generate_draft_decode_kv_indices``): each lane owns one KV slot per depth and a lane's query
