@@ -308,12 +308,28 @@ class EvalManifest(Manifest):
     verify_steps: int | None = None
     tokens_per_s: float | None = None
     engine: dict[str, Any] | None = None
+    by_context: dict[str, Any] | None = None
+    serve_plan: dict[str, Any] | None = None
+    tree: dict[str, Any] | None = None
+    sglang_accept_length: float | None = None
 
     def figures(self) -> str:
-        """The offline line, then the engine's figures and the agreement when it ran."""
+        """The offline line (τ by context length when recorded), then the engine's figures
+        and the agreement when it ran, then the serve plan's best setting."""
         line = (f"offline tau {self.tau or 0:.3f}, acceptance rate "
                 f"{self.acceptance_rate or 0:.3f}, per-position {_rates(self.per_position)}, "
                 f"{self.verify_steps or 0} verify steps, {self.tokens_per_s or 0:.1f} tokens/s")
+        if self.tree:
+            t = self.tree
+            line += (f"; SGLang tree {t['steps']}x{t['topk']}x{t['num_draft_tokens']}, accept "
+                     f"length {self.sglang_accept_length or 0:.3f}")
+        if self.by_context:
+            line += "; tau by context " + ", ".join(
+                f"{k} {v['tau']:.3f}" for k, v in self.by_context.items())
+        if self.serve_plan:
+            best = self.serve_plan["settings"][self.serve_plan["best"]]
+            line += (f"\n{'':20}serve plan: best {self.serve_plan['best']}, tau "
+                     f"{best['tau']:.3f}, predicted speedup {best['predicted_speedup']:.2f}x")
         e = self.engine
         if not e:
             return line

@@ -46,13 +46,20 @@ def commit_tokens(drafts: Sequence[int], n_accepted: int, verifier_token: int,
     return tokens, False
 
 
+#: Context-length buckets of :meth:`AcceptanceStats.by_context`: (label, lowest, highest
+#: exclusive) in tokens (issue #26: drafters trained on short rows lose acceptance on long ones).
+CONTEXT_BUCKETS = (("<512", 0, 512), ("512-2k", 512, 2048), (">=2k", 2048, None))
+
+
 @dataclass
 class StepRecord:
-    """One verify step: drafts proposed, accepted prefix length, tokens committed."""
+    """One verify step: drafts proposed, accepted prefix length, tokens committed, and the
+    context length L (prompt + tokens committed before the step; 0 = not recorded)."""
 
     k: int
     accepted: int
     committed: int
+    context: int = 0
 
 
 @dataclass
@@ -61,8 +68,8 @@ class AcceptanceStats:
 
     steps: list[StepRecord] = field(default_factory=list)
 
-    def add(self, k: int, accepted: int, committed: int) -> None:
-        self.steps.append(StepRecord(k, accepted, committed))
+    def add(self, k: int, accepted: int, committed: int, context: int = 0) -> None:
+        self.steps.append(StepRecord(k, accepted, committed, context))
 
     def extend(self, other: "AcceptanceStats") -> None:
         self.steps.extend(other.steps)
@@ -107,9 +114,23 @@ class AcceptanceStats:
         k_max = max((s.k for s in self.steps), default=0)
         return [sum(1 for s in self.steps if s.k > i and s.accepted > i) for i in range(k_max)]
 
+    def by_context(self, buckets=CONTEXT_BUCKETS) -> dict[str, dict]:
+        """τ, per-position rates and step count of the steps whose context length L falls in
+        each bucket ``(label, lo, hi)`` (``lo <= L < hi``, ``hi`` None = no bound); empty
+        buckets are left out."""
+        out = {}
+        for label, lo, hi in buckets:
+            part = AcceptanceStats([s for s in self.steps
+                                    if s.context >= lo and (hi is None or s.context < hi)])
+            if part.steps:
+                out[label] = {"tau": part.tau, "per_position": part.per_position(),
+                              "verify_steps": part.verify_steps}
+        return out
+
     def summary(self) -> dict:
         return {"tau": self.tau, "acceptance_rate": self.acceptance_rate,
                 "per_position": self.per_position(),
                 "per_position_accepted": self.per_position_accepted(),
                 "verify_steps": self.verify_steps,
-                "drafted": self.drafted, "accepted": self.accepted, "committed": self.committed}
+                "drafted": self.drafted, "accepted": self.accepted, "committed": self.committed,
+                "by_context": self.by_context()}

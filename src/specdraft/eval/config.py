@@ -68,6 +68,17 @@ class EvalConfig(StageConfig):
                            "results.json).")
     out: Path | None = Field(None, description="Output directory when there is no --run-dir.")
     overwrite: bool = Field(False, description="Replace earlier results.")
+    topk: int = Field(1, ge=1, description="SGLang --speculative-eagle-topk: > 1 evaluates "
+                                           "SGLang's draft tree of --k steps (temperature 0).")
+    num_draft_tokens: int | None = Field(None, ge=2, description="SGLang "
+                                         "--speculative-num-draft-tokens, the root counted "
+                                         "(none: k + 1).")
+    sweep: str | None = Field(None, description="Serve plan: settings to evaluate on the same "
+                                                "prompts, e.g. '2,3,5,5x4x8': K = a vLLM chain "
+                                                "of K drafts, SxKxN = an SGLang tree.")
+    cost_model: str | None = Field(None, description="Serve plan costs, "
+                                                     "'draft=D,verify=A,per_token=B' in any one "
+                                                     "unit (none: timed here).")
 
     @field_validator("chat_template_kwargs", mode="before")
     @classmethod
@@ -82,4 +93,12 @@ class EvalConfig(StageConfig):
             raise ValueError("--server and --engine exclude each other (--engine starts one)")
         if self.run_dir is None and self.out is None:
             raise ValueError("--out DIR is required without --run-dir")
+        from specdraft.eval.shapes import check_tree_options
+
+        check_tree_options(self)
         return self
+
+    @property
+    def tree(self) -> bool:
+        """An SGLang tree (or an explicit --num-draft-tokens) rather than a plain chain."""
+        return self.topk > 1 or self.num_draft_tokens is not None

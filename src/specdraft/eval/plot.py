@@ -7,16 +7,35 @@ from pathlib import Path
 from specdraft.core.atomic import atomic_open
 
 
+def context_bars(by_context: dict[str, dict] | None) -> list[tuple[str, float, int]]:
+    """(bucket label, τ, verify steps) per non-empty context bucket, in bucket order
+    (:meth:`specdraft.eval.acceptance.AcceptanceStats.by_context`)."""
+    return [(label, row["tau"], row["verify_steps"]) for label, row in (by_context or {}).items()]
+
+
 def plot_acceptance(per_position: list[float], path: str | Path, *, title: str,
-                    engine: list[float] | None = None, engine_label: str = "engine") -> Path:
+                    engine: list[float] | None = None, engine_label: str = "engine",
+                    by_context: dict[str, dict] | None = None) -> Path:
     """Bar chart of acceptance rate by draft position (1-based), written atomically; with
-    ``engine`` (the engine's rates), two bar series side by side: offline and engine."""
+    ``engine`` (the engine's rates), two bar series side by side: offline and engine; with
+    ``by_context``, a second panel of τ per context-length bucket (steps counted on top)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    bars = context_bars(by_context)
+    if bars:
+        fig, (ax, cx) = plt.subplots(1, 2, figsize=(9, 3.5), dpi=100,
+                                     gridspec_kw={"width_ratios": [2, 1]})
+        cx.bar(range(len(bars)), [t for _, t, _ in bars], color="#5a9e6f")
+        for x, (_, tau, n) in enumerate(bars):
+            cx.text(x, tau + 0.02, f"{tau:.2f}\n{n} steps", ha="center", fontsize=7)
+        cx.set(xlabel="context length (tokens)", ylabel="tau", title="tau by context",
+               xticks=range(len(bars)), xticklabels=[b[0] for b in bars],
+               ylim=(0, max(t for _, t, _ in bars) * 1.3 + 0.1))
+    else:
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     positions = list(range(1, len(per_position) + 1))
     series = [("offline", per_position, "#3b7dd8")]
     if engine:

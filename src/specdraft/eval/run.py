@@ -81,7 +81,38 @@ def offline_eval(config: EvalConfig, verifier: Any, prompts: list[dict[str, Any]
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "batch_size": config.batch_size, "prompts": rows,
             "aux_layer_ids": list(model.config.aux_layer_ids),
-            "draft_vocab_size": model.config.draft_vocab_size}
+            "draft_vocab_size": model.config.draft_vocab_size, **_tree_figures(config, gens),
+            **_serve_plan(config, verifier, model, prompts, eos)}
+
+
+def _tree_figures(config: EvalConfig, gens: list[Any]) -> dict[str, Any]:
+    """With --topk/--num-draft-tokens: the SGLang shape and SGLang's own accept length
+    (:mod:`specdraft.eval.tree`)."""
+    if not config.tree:
+        return {}
+    from specdraft.eval.tree import sglang_accept_length
+
+    return {"tree": {"steps": config.k, "topk": config.topk,
+                     "num_draft_tokens": config.num_draft_tokens or config.k + 1,
+                     "draft_attention": "lane (SGLang's draft KV layout)"},
+            "sglang_accept_length": sglang_accept_length(gens)}
+
+
+def _serve_plan(config: EvalConfig, verifier: Any, model: Any, prompts: list[dict[str, Any]],
+                eos: list[int]) -> dict[str, Any]:
+    """With --sweep: :func:`specdraft.eval.plan.run_plan` on the same prompts, one line per
+    setting on stderr."""
+    if config.sweep is None:
+        return {}
+    from specdraft.eval.plan import run_plan
+
+    plan = run_plan(config, verifier, model, [p["prompt_ids"] for p in prompts], eos)
+    for row in plan["settings"]:
+        print(f"eval: plan: {row['setting']:<16} tau {row['tau']:.3f}, verify "
+              f"{row['num_draft_tokens']} tokens, predicted speedup "
+              f"{row['predicted_speedup']:.2f}x", file=sys.stderr)
+    print(f"eval: plan: best {plan['best']}", file=sys.stderr)
+    return {"serve_plan": plan}
 
 
 def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[int]],
@@ -94,6 +125,13 @@ def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[
     from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
 
     aux = model.config.aux_layer_ids
+    if config.tree:
+        from specdraft.eval.plan import decode_setting
+        from specdraft.eval.shapes import Setting
+
+        return decode_setting(verifier, model, prompt_ids,
+                              Setting(config.k, config.topk, config.num_draft_tokens),
+                              max_new_tokens=config.max_new_tokens, eos=eos)
     gens = [torch.Generator().manual_seed(config.seed + i) for i in range(len(prompt_ids))]
     common = {"k": config.k, "max_new_tokens": config.max_new_tokens,
               "temperature": config.temperature, "eos_ids": eos}
@@ -145,7 +183,9 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
                                       "new_tokens": results["new_tokens"]},
                               extra={**{k: results.get(k) for k in
                                         ("tau", "acceptance_rate", "per_position",
-                                         "tokens_per_s", "verify_steps", "mode")},
+                                         "tokens_per_s", "verify_steps", "mode", "by_context",
+                                         "tree", "sglang_accept_length")},
+                                     "serve_plan": _plan_extract(results.get("serve_plan")),
                                      "engine": engine_extract(results.get("engine")),
                                      "verifier_binding": results.get("verifier_binding")})
     if results.get("engine") and results["engine"]["name"] == "vllm":
@@ -217,6 +257,16 @@ def measure_engine(config: EvalConfig, engine: str, prompts: list[dict[str, Any]
     return measure_sglang(config, prompts=prompts, stop_ids=stop_ids, out=out)
 
 
+def _plan_extract(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The serve plan for the manifest: best setting, each setting's τ and speedup."""
+    if not plan:
+        return None
+    return {"best": plan["best"], "best_setting": plan["best_setting"],
+            "cost_model": plan["cost_model"],
+            "settings": {r["setting"]: {"tau": r["tau"], "predicted_speedup":
+                                        r["predicted_speedup"]} for r in plan["settings"]}}
+
+
 def engine_extract(engine: dict[str, Any] | None) -> dict[str, Any] | None:
     """The engine's figures for the manifest (no per-prompt tokens)."""
     if not engine:
@@ -243,7 +293,8 @@ def write_plot(results: dict[str, Any], out: Path, config: EvalConfig) -> None:
         title += f"; {engine['name']} tau {engine['tau']:.2f}"
     plot_acceptance(results["per_position"], out / "acceptance.png", title=title,
                     engine=engine.get("per_position") or None,
-                    engine_label=engine.get("name", "engine"))
+                    engine_label=engine.get("name", "engine"),
+                    by_context=results.get("by_context"))
 
 
 def _inputs(config: EvalConfig) -> dict[str, str]:

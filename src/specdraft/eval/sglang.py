@@ -34,12 +34,14 @@ SGLANG_PYTHON_ENV = "SPECDRAFT_SGLANG_PYTHON"
 
 
 def launch_command(python: str, verifier_dir: Path, drafter_dir: Path, *, k: int, port: int,
-                   dtype: str) -> list[str]:
-    """The SGLang server command line (module doc), bound to 127.0.0.1:``port``."""
+                   dtype: str, topk: int = 1, num_draft_tokens: int | None = None) -> list[str]:
+    """The SGLang server command line (module doc), bound to 127.0.0.1:``port``; ``topk`` and
+    ``num_draft_tokens`` (none: k + 1) for a tree (``specdraft eval --topk``)."""
     return [python, "-m", "sglang.launch_server", "--model-path", str(verifier_dir),
             "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
-            str(drafter_dir), "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(k + 1), "--dtype", dtype,
+            str(drafter_dir), "--speculative-num-steps", str(k), "--speculative-eagle-topk",
+            str(topk), "--speculative-num-draft-tokens", str(num_draft_tokens or k + 1),
+            "--dtype", dtype,
             "--host", "127.0.0.1", "--port", str(port)]
 
 
@@ -134,7 +136,9 @@ def measure_sglang(config: Any, *, prompts: list[dict[str, Any]], stop_ids: Sequ
     dtype = "float32" if config.dtype == "float32" else \
         "bfloat16" if config.dtype == "bfloat16" else "auto"
     port = free_port()
-    cmd = launch_command(python, vdir, ddir, k=config.k, port=port, dtype=dtype)
+    cmd = launch_command(python, vdir, ddir, k=config.k, port=port, dtype=dtype,
+                         topk=getattr(config, "topk", 1),
+                         num_draft_tokens=getattr(config, "num_draft_tokens", None))
     with launch_server(cmd, out / "engine.log", port=port,
                        timeout_s=config.engine_timeout_s) as url:
         with httpx.Client(base_url=url, timeout=config.engine_timeout_s) as client:

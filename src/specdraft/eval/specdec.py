@@ -193,7 +193,8 @@ class Generation:
         """Record one verify step (k = len(drafts), n accepted, then the verifier's token) and
         append what it commits; True when generation is over (an EOS or the length limit)."""
         tokens, stopped = commit_tokens(drafts, n, verifier_token, eos_ids)
-        self.stats.add(len(drafts), min(n, len(tokens)), len(tokens))
+        self.stats.add(len(drafts), min(n, len(tokens)), len(tokens),
+                       context=self.prompt_tokens + len(self.tokens))
         self.tokens.extend(tokens)
         if stopped:
             self.stop = "eos"

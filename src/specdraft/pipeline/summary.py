@@ -16,17 +16,19 @@ from specdraft.core.manifest import ExportManifest, Manifest
 KNOWN_HF_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
-def serve_commands(export_dir: str, verifier: str, k: int = 3) -> list[str]:
-    """The command lines to serve the exported drafter with vLLM and SGLang (chain drafting of
-    ``k`` tokens; flags from the engines' docs, see docs/run-dir.md)."""
+def serve_commands(export_dir: str, verifier: str, k: int = 3, topk: int = 1,
+                   num_draft_tokens: int | None = None) -> list[str]:
+    """The command lines to serve the exported drafter: vLLM and SGLang for a chain of ``k``
+    drafts (``topk`` 1); SGLang alone for a tree (vLLM 0.32 drafts chains only). Flags from
+    the engines' docs, see docs/run-dir.md and docs/trees-and-serve-plan.md."""
+    sglang = (f"python -m sglang.launch_server --model-path {verifier} "
+              f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {export_dir} "
+              f"--speculative-num-steps {k} --speculative-eagle-topk {topk} "
+              f"--speculative-num-draft-tokens {num_draft_tokens or k + 1}")
+    if topk > 1:
+        return [sglang]
     spec = json.dumps({"method": "eagle3", "model": export_dir, "num_speculative_tokens": k})
-    return [
-        f"vllm serve {verifier} --speculative-config '{spec}'",
-        f"python -m sglang.launch_server --model-path {verifier} "
-        f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {export_dir} "
-        f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
-        f"--speculative-num-draft-tokens {k + 1}",
-    ]
+    return [f"vllm serve {verifier} --speculative-config '{spec}'", sglang]
 
 
 def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
@@ -42,8 +44,25 @@ def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
         verifier = KNOWN_HF_IDS.get(config.verifier, config.verifier)
         if verifier.endswith(".gguf"):
             verifier = "<the verifier's HF id or directory>"
-        k = getattr(config.stages.get("eval"), "k", 3)
-        lines.append(f"Serve the drafter ({k} draft tokens per step, as evaluated):")
         out = str(Path(export.out).resolve())
-        lines += [f"  {c}" for c in serve_commands(out, verifier, k)]
+        lines += _serve_lines(config.stages.get("eval"), manifests.get("eval"), out, verifier)
     return "\n".join(lines)
+
+
+def _serve_lines(eval_config: Any, eval_manifest: Manifest | None, out: str,
+                 verifier: str) -> list[str]:
+    """How to serve: the serve plan's best setting when eval ran a --sweep, else the setting
+    eval measured (a chain of k, or its SGLang tree)."""
+    from specdraft.eval.shapes import Setting
+
+    plan = getattr(eval_manifest, "serve_plan", None)
+    if plan:
+        b = plan["best_setting"]
+        setting = Setting(b["steps"], b["topk"], b["num_draft_tokens"])
+        head = (f"Serve the drafter (the serve plan's best setting, {setting.label}, predicted "
+                f"speedup {plan['settings'][plan['best']]['predicted_speedup']:.2f}x):")
+    else:
+        setting = Setting(getattr(eval_config, "k", 3), getattr(eval_config, "topk", 1),
+                          getattr(eval_config, "num_draft_tokens", None))
+        head = f"Serve the drafter ({setting.label}, as evaluated):"
+    return [head] + [f"  {c}" for c in setting.serve_commands(out, verifier)]
