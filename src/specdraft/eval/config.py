@@ -64,6 +64,11 @@ class EvalConfig(StageConfig):
     engine_timeout_s: int = Field(3600, ge=1, description="Seconds the engine may run.")
     out: Path | None = Field(None, description="Output directory when there is no --run-dir.")
     overwrite: bool = Field(False, description="Replace earlier results.")
+    draft_sample_method: Literal["greedy", "probabilistic"] = Field(
+        "greedy", description="Acceptance rule at temperature > 0 (vLLM's names): greedy = "
+                              "drafter argmax accepted with p(draft), the default of vLLM and "
+                              "SGLang's only one; probabilistic = draft ~ q, min(1, p/q) "
+                              "(vLLM opt-in).")
 
     @field_validator("chat_template_kwargs", mode="before")
     @classmethod
@@ -78,4 +83,9 @@ class EvalConfig(StageConfig):
             raise ValueError("--server and --engine exclude each other (--engine starts one)")
         if self.run_dir is None and self.out is None:
             raise ValueError("--out DIR is required without --run-dir")
+        if self.engine == "sglang" and self.draft_sample_method != "greedy":
+            raise ValueError("--draft-sample-method probabilistic: SGLang verifies sampled "
+                             "drafts target-only (eagle_info.py passes zero draft probabilities "
+                             "to tree_speculative_sampling_target_only), so it cannot serve "
+                             "that rule; use greedy or --engine vllm")
         return self
