@@ -148,7 +148,8 @@ def test_positions_from_slot_indices_are_caught(models, monkeypatch):
     """Planted fault: rotary positions = slot index (padding and holes counted) instead of the
     count of valid slots. The equality above then fails."""
     verifier, drafter, prompts = models
-    kw = {"k": 3, "max_new_tokens": 30, "temperature": 1.0}
+    kw = {"k": 3, "max_new_tokens": 30, "temperature": 1.0,
+          "draft_sample_method": "probabilistic"}  # partial acceptance: holes (test above)
     ref, _ = one_by_one(verifier, drafter, prompts, **kw)
     monkeypatch.setattr(Slots, "length", property(lambda s: torch.full(
         (s.valid.shape[0],), s.valid.shape[1], dtype=torch.long)))

@@ -171,3 +171,19 @@ def test_verify_step_samples_the_enumerated_law(method):
     other = "probabilistic" if method == "greedy" else "greedy"
     assert tv(got, step_outcomes(t, ctx, 2, method)) < 0.05
     assert tv(got, step_outcomes(t, ctx, 2, other)) > 0.15
+
+
+def test_sglang_refuses_probabilistic_drafting(tmp_path):
+    """SGLang verifies sampled drafts target-only: --draft-sample-method probabilistic with
+    --engine sglang is refused naming that constraint; vLLM takes it."""
+    from pydantic import ValidationError
+
+    from specdraft.eval.config import EvalConfig
+
+    common = {"drafter": tmp_path, "prompts": tmp_path / "p.jsonl", "out": tmp_path / "o",
+              "draft_sample_method": "probabilistic"}
+    with pytest.raises(ValidationError, match="SGLang verifies sampled drafts target-only"):
+        EvalConfig(engine="sglang", **common)
+    assert EvalConfig(engine="vllm", **common).draft_sample_method == "probabilistic"
+    assert EvalConfig(**{**common, "draft_sample_method": "greedy"}).draft_sample_method == \
+        "greedy"
