@@ -187,3 +187,23 @@ def test_sglang_refuses_probabilistic_drafting(tmp_path):
     assert EvalConfig(engine="vllm", **common).draft_sample_method == "probabilistic"
     assert EvalConfig(**{**common, "draft_sample_method": "greedy"}).draft_sample_method == \
         "greedy"
+
+
+def test_sampled_agreement_interval_by_hand():
+    """The 99% interval of :func:`sampled_agreement`, by hand. The issue's gap (position 1:
+    0.21 offline with min(1, p/q) vs 0.03 in vLLM, 384 steps a side = 8 prompts x 48 tokens):
+    r = 93/768, half-width 2.5758 * sqrt(r (1 - r) (2/384)) = 0.0606 < 0.1797, caught; 10 vs 5
+    of 100: half-width 0.0959 > 0.05, within; zero on both sides: within."""
+    from specdraft.eval.engine import sampled_agreement
+
+    def side(n, accepted):
+        return {"verify_steps": n, "per_position_accepted": accepted}
+
+    gap = sampled_agreement(side(384, [81, 0, 0]), side(384, [12, 0, 0]))
+    pos = gap["positions"][0]
+    assert pos["half_width"] == pytest.approx(0.0606, abs=1e-4)
+    assert pos["difference"] == pytest.approx(69 / 384) and not pos["within"]
+    assert gap["positions"][1]["within"] and not gap["all_within"]
+    close = sampled_agreement(side(100, [10]), side(100, [5]))["positions"][0]
+    assert close["half_width"] == pytest.approx(0.0959, abs=1e-4) and close["within"]
+    assert sampled_agreement(side(378, [0, 0, 0]), side(378, [0, 0, 0]))["all_within"]
