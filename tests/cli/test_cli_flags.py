@@ -50,6 +50,10 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
     ("train", "online"): (["--online", "--verifier", "smollm2"], True),
     ("export", "aux_layers"): (["--aux-layers", "1,2,3"], (1, 2, 3)),
     ("extract", "engine_args"): (["--engine-args", '{"max_num_seqs": 8}'], {"max_num_seqs": 8}),
+    ("eval", "num_draft_tokens"): (["--num-draft-tokens", "5"], 5),
+    ("eval", "sweep"): (["--sweep", "2,3,5x4x8"], "2,3,5x4x8"),
+    ("eval", "cost_model"): (["--cost-model", "draft=1,verify=4,per_token=0.5"],
+                             "draft=1,verify=4,per_token=0.5"),
     ("eval", "chat_template_kwargs"): (["--chat-template-kwargs", '{"enable_thinking": false}'],
                                        {"enable_thinking": False}),
 }

@@ -41,6 +41,7 @@ OTHER_PROGRAMS = {
     "--speculative-num-steps": "sglang.launch_server",
     "--speculative-eagle-topk": "sglang.launch_server",
     "--speculative-num-draft-tokens": "sglang.launch_server",
+    "--speculative-accept-threshold-single": "sglang.launch_server",
     "--nproc-per-node": "torchrun",
     "--nnodes": "torchrun",
     "--rdzv": "torchrun (--rdzv-*)",

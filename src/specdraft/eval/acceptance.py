@@ -134,3 +134,23 @@ class AcceptanceStats:
                 "verify_steps": self.verify_steps,
                 "drafted": self.drafted, "accepted": self.accepted, "committed": self.committed,
                 "by_context": self.by_context()}
+
+
+#: The ``draft_sample_method`` values (vLLM's names, ``vllm/config/speculative.py``).
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+def acceptance_rule(temperature: float, draft_sample_method: str = "greedy") -> str:
+    """The rule a run at ``temperature`` applies, in words (recorded beside its figures; the
+    rules themselves: :mod:`specdraft.eval.specdec`). Raises ValueError on an unknown method."""
+    if temperature <= 0:
+        return "greedy: a draft is accepted iff it equals the verifier's argmax"
+    if draft_sample_method == "greedy":
+        return ("greedy drafting (vLLM draft_sample_method=greedy; SGLang target-only verify): "
+                "draft = drafter argmax, accept with p(draft), resample from p without the "
+                "draft")
+    if draft_sample_method == "probabilistic":
+        return ("probabilistic drafting (vLLM draft_sample_method=probabilistic): draft ~ q, "
+                "accept with min(1, p/q), resample from max(0, p - q)")
+    raise ValueError(f"unknown draft_sample_method {draft_sample_method!r}; one of "
+                     f"{', '.join(DRAFT_SAMPLE_METHODS)}")

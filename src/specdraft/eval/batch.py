@@ -37,8 +37,9 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from specdraft.core.errors import ConfigError
-from specdraft.eval.specdec import (Drafter, EagleDrafter, Generation, VerifierSession, pick,
-                                    prefill, verify_step)
+from specdraft.eval.specdec import (Drafter, EagleDrafter, Generation, VerifierSession,
+                                    acceptance_rule, draft_temperature, pick, prefill,
+                                    verify_step)
 from specdraft.models.eagle3 import DraftKVCache, Eagle3DraftModel
 
 
@@ -317,14 +318,15 @@ class _Row:
 def generate_batch(verifier: BatchVerifier, drafter: BatchDrafter,
                    prompts: Sequence[Sequence[int]], *, batch_size: int, k: int,
                    max_new_tokens: int, temperature: float = 0.0, eos_ids: Sequence[int] = (),
-                   generators: Sequence[torch.Generator | None] | None = None
-                   ) -> list[Generation]:
+                   generators: Sequence[torch.Generator | None] | None = None,
+                   draft_sample_method: str = "greedy") -> list[Generation]:
     """:func:`specdec.generate` for every prompt, ``batch_size`` rows at a time (module doc).
 
     ``generators[i]`` draws prompt i's samples (temperature > 0). Returns one
     :class:`Generation` per prompt, in order; ``seconds`` is each prompt's time from its
     prefill to its end (rows overlap, so these do not add up to the wall time).
     """
+    acceptance_rule(temperature, draft_sample_method)  # refuses an unknown method
     gens = list(generators) if generators is not None else [None] * len(prompts)
     results: list[Generation | None] = [None] * len(prompts)
     waiting = iter(range(len(prompts)))
@@ -339,7 +341,8 @@ def generate_batch(verifier: BatchVerifier, drafter: BatchDrafter,
         if not rows:
             break
         rows = _step(verifier, drafter, rows, results, k=k, max_new_tokens=max_new_tokens,
-                     temperature=temperature, eos_ids=eos_ids)
+                     temperature=temperature, eos_ids=eos_ids,
+                     draft_sample_method=draft_sample_method)
     return results  # type: ignore[return-value]
 
 
@@ -361,9 +364,10 @@ def _start(verifier: BatchVerifier, drafter: BatchDrafter, index: int, prompt: S
 
 def _step(verifier: BatchVerifier, drafter: BatchDrafter, rows: list[_Row],
           results: list[Generation | None], *, k: int, max_new_tokens: int,
-          temperature: float, eos_ids: Sequence[int]) -> list[_Row]:
+          temperature: float, eos_ids: Sequence[int], draft_sample_method: str) -> list[_Row]:
     """One verify step for every row; finished rows go to ``results``. Returns the rows left."""
-    drafts, q = drafter.propose([r.context() for r in rows], k, temperature,
+    drafts, q = drafter.propose([r.context() for r in rows], k,
+                                draft_temperature(temperature, draft_sample_method),
                                 [r.generator for r in rows])
     last = torch.tensor([[r.gen.tokens[-1]] for r in rows], dtype=torch.long)
     logits, aux = verifier.forward(torch.cat([last, drafts], 1))  # [B, k+1, V], [B, k+1, A]

@@ -79,6 +79,11 @@ class EvalConfig(StageConfig):
     cost_model: str | None = Field(None, description="Serve plan costs, "
                                                      "'draft=D,verify=A,per_token=B' in any one "
                                                      "unit (none: timed here).")
+    draft_sample_method: Literal["greedy", "probabilistic"] = Field(
+        "greedy", description="Acceptance rule at temperature > 0 (vLLM's names): greedy = "
+                              "drafter argmax accepted with p(draft), the default of vLLM and "
+                              "SGLang's only one; probabilistic = draft ~ q, min(1, p/q) "
+                              "(vLLM opt-in).")
 
     @field_validator("chat_template_kwargs", mode="before")
     @classmethod
@@ -96,6 +101,11 @@ class EvalConfig(StageConfig):
         from specdraft.eval.shapes import check_tree_options
 
         check_tree_options(self)
+        if self.engine == "sglang" and self.draft_sample_method != "greedy":
+            raise ValueError("--draft-sample-method probabilistic: SGLang verifies sampled "
+                             "drafts target-only (eagle_info.py passes zero draft probabilities "
+                             "to tree_speculative_sampling_target_only), so it cannot serve "
+                             "that rule; use greedy or --engine vllm")
         return self
 
     @property

@@ -12,6 +12,10 @@ tokens and stop ids; its spec-decode counters are read before/after generation. 
 At temperature 0 the offline and engine runs are compared (:func:`agreement`): counts side by
 side and, per prompt, whether the committed tokens are identical. In float32 on CPU they are
 (tests/engine); a τ gap beyond ``engine_tolerance`` raises :class:`EngineDisagreement`.
+At temperature > 0 the two sides draw different random numbers, so they are compared by
+per-position acceptance rate within a 99% interval from the number of verify steps
+(:func:`sampled_agreement`). The engine is told ``--draft-sample-method`` and its run is labelled
+with the rule read back from its resolved config, not with ours.
 """
 
 from __future__ import annotations
@@ -27,11 +31,11 @@ from typing import Any, Sequence
 
 from specdraft.core.errors import ConfigError, SpecdraftError
 from specdraft.core.verifier import engine_hf_dir, vllm_python
+from specdraft.eval.acceptance import acceptance_rule
 
 WORKER = Path(__file__).with_name("engine_worker.py")
-#: The acceptance rule both sides apply (recorded beside the figures).
-RULES = {True: "greedy: a draft is accepted iff it equals the verifier's argmax",
-         False: "speculative sampling: accept with min(1, p/q), resample from max(0, p - q)"}
+#: Two-sided 99% normal quantile of :func:`sampled_agreement`'s interval.
+Z99 = 2.5758
 
 
 class EngineError(SpecdraftError, RuntimeError):
@@ -44,12 +48,14 @@ class EngineDisagreement(SpecdraftError, RuntimeError):
 
 def vllm_job(*, verifier_dir: Path, drafter_dir: Path | None, prompts: Sequence[Sequence[int]],
              k: int, temperature: float, max_tokens: int, stop_ids: Sequence[int], dtype: str,
-             seed: int = 0, extra_runs: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+             seed: int = 0, extra_runs: Sequence[dict[str, Any]] = (),
+             draft_sample_method: str | None = None) -> dict[str, Any]:
     """The worker's job (format in :mod:`specdraft.eval.engine_worker`). One run ``spec`` with
-    the drafter (none when ``drafter_dir`` is None), then ``extra_runs`` in the same process."""
+    the drafter (none when ``drafter_dir`` is None) and ``draft_sample_method`` (None: vLLM's
+    default), then ``extra_runs`` in the same process."""
     longest = max((len(p) for p in prompts), default=0) + max_tokens + k + 8
-    runs = [{"name": "spec", "drafter": str(drafter_dir) if drafter_dir else None, "k": k},
-            *extra_runs]
+    runs = [{"name": "spec", "drafter": str(drafter_dir) if drafter_dir else None, "k": k,
+             "draft_sample_method": draft_sample_method}, *extra_runs]
     return {"verifier": str(verifier_dir), "dtype": dtype, "seed": seed,
             "max_model_len": max(256, longest), "prompts": [list(map(int, p)) for p in prompts],
             "max_tokens": max_tokens, "temperature": temperature,
@@ -132,6 +138,30 @@ def agreement(offline: dict[str, Any], engine: dict[str, Any],
             "prompts": prompts}
 
 
+def sampled_agreement(offline: dict[str, Any], engine: dict[str, Any], *,
+                      z: float = Z99) -> dict[str, Any]:
+    """Per-position acceptance offline vs engine at temperature > 0, where the two runs draw
+    different random numbers and only their rates can agree.
+
+    Position i's rate is ``a / n`` (``a`` steps accepting draft i, ``n`` verify steps) on each
+    side; under "same rule, same drafter" both estimate one probability, and the difference
+    lies within ``z * sqrt(r (1 - r) (1/n_off + 1/n_eng))`` (``r`` the pooled rate; normal
+    approximation of two binomials, z 2.5758 = 99% two-sided). Steps of one prompt are not
+    independent, so read it as a screen, not an exact test. Returns per position the two
+    rates, their difference, the half-width and whether it lies within, and ``all_within``.
+    """
+    n_off, n_eng = offline["verify_steps"], engine["verify_steps"]
+    rows = []
+    for a_off, a_eng in zip(offline["per_position_accepted"], engine["per_position_accepted"]):
+        r = (a_off + a_eng) / (n_off + n_eng)
+        half = z * (r * (1 - r) * (1 / n_off + 1 / n_eng)) ** 0.5
+        diff = a_off / n_off - a_eng / n_eng
+        rows.append({"offline": a_off / n_off, "engine": a_eng / n_eng, "difference": diff,
+                     "half_width": half, "within": abs(diff) <= half})
+    return {"steps": {"offline": n_off, "engine": n_eng}, "confidence": 0.99,
+            "positions": rows, "all_within": all(p["within"] for p in rows)}
+
+
 def engine_version(out: dict[str, Any]) -> str:
     return f"{out['engine']} {out['version']} (torch {out['torch']}, {out['device']})"
 
@@ -196,7 +226,8 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
         "bfloat16" if config.dtype == "auto" else config.dtype
     job = vllm_job(verifier_dir=vdir, drafter_dir=ddir, prompts=prompt_ids, k=config.k,
                    temperature=config.temperature, max_tokens=config.max_new_tokens,
-                   stop_ids=stop_ids, dtype=dtype, seed=config.seed)
+                   stop_ids=stop_ids, dtype=dtype, seed=config.seed,
+                   draft_sample_method=config.draft_sample_method)
     t0 = time.perf_counter()
     print(f"eval: starting vLLM ({python}) with {ddir}", file=sys.stderr)
     res = run_worker(python, job, out, timeout_s=config.engine_timeout_s)
@@ -204,8 +235,11 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
     fig = figures(spec["counters"])
     tokens = spec["tokens"]
     n_new = sum(len(t) for t in tokens)
+    method = spec.get("draft_sample_method")  # what the engine ran, from its config
     result = {"name": res["engine"], "version": engine_version(res), "k": config.k,
-              "temperature": config.temperature, "acceptance_rule": RULES[config.temperature <= 0],
+              "temperature": config.temperature, "draft_sample_method": method,
+              "acceptance_rule": acceptance_rule(config.temperature, method) if method else
+              "unknown: the engine's config names no draft_sample_method",
               "dtype": dtype, "verifier_dir": str(vdir), "drafter_dir": str(ddir), **fig,
               "new_tokens": n_new, "start_s": spec["start_s"], "generate_s": spec["generate_s"],
               "tokens_per_s": n_new / spec["generate_s"] if spec["generate_s"] else 0.0,
@@ -215,7 +249,22 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
     if config.temperature <= 0:
         result["agreement"] = agreement(offline, fig, [r["tokens"] for r in offline["prompts"]],
                                         tokens, [p["id"] for p in prompts])
+    else:
+        result["sampled_agreement"] = sampled_agreement(offline, fig)
+        _say_sampled(result, offline)
     return result
+
+
+def _say_sampled(engine: dict[str, Any], offline: dict[str, Any]) -> None:
+    """One stderr line per position of :func:`sampled_agreement`, and a warning when the engine
+    ran another rule than the offline eval."""
+    if engine["acceptance_rule"] != offline["acceptance_rule"]:
+        print(f"eval: warning: the engine ran '{engine['acceptance_rule']}', the offline eval "
+              f"'{offline['acceptance_rule']}'", file=sys.stderr)
+    for i, p in enumerate(engine["sampled_agreement"]["positions"]):
+        print(f"eval: position {i + 1}: offline {p['offline']:.3f}, {engine['name']} "
+              f"{p['engine']:.3f}, difference {p['difference']:+.3f} (99% +-{p['half_width']:.3f}"
+              f"{'' if p['within'] else ', OUTSIDE'})", file=sys.stderr)
 
 
 def check_agreement(config: Any, engine: dict[str, Any], verifier: Any) -> None:

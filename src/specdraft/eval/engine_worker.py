@@ -12,6 +12,11 @@ Usage: ``python engine_worker.py JOB.json OUT.json``. The job (written by
      "prompts": [[ids...], ...], "max_tokens": 128, "temperature": 0.0, "stop_token_ids": [...],
      "runs": [{"name": "spec", "drafter": EXPORT_DIR or null, "k": 3}, ...]}
 
+A run may override ``temperature`` and ``seed`` and give ``draft_sample_method`` (passed to
+vLLM's ``speculative_config``; absent: vLLM's default). The method the engine actually ran is
+read back from ``llm.llm_engine.vllm_config.speculative_config`` into the run's output
+(``draft_sample_method``, ``rejection_sample_method``).
+
 Each run builds one ``vllm.LLM`` (greedy/sampled generation from the prompt token ids, no
 text), reads ``LLM.get_metrics()`` spec-decode counters before and after
 (``vllm/v1/spec_decode/metrics.py``: ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``,
@@ -76,6 +81,14 @@ def _drafter_fingerprint(worker) -> dict:
     return {"numel": numel, "sum": total, "names": sorted(names)}
 
 
+def _sample_methods(llm) -> dict:
+    """The acceptance rule the engine was built with (``vllm/config/speculative.py``
+    ``draft_sample_method``, ``rejection_sample_method``), read from its resolved config."""
+    spec = llm.llm_engine.vllm_config.speculative_config
+    return {"draft_sample_method": spec.draft_sample_method,
+            "rejection_sample_method": spec.rejection_sample_method}
+
+
 def run_one(job: dict, run: dict) -> dict:
     """One engine: build, generate, read counters, free. Returns the run's output dict."""
     import torch
@@ -85,6 +98,10 @@ def run_one(job: dict, run: dict) -> dict:
     if run.get("drafter"):
         spec = {"method": "eagle3", "model": run["drafter"],
                 "num_speculative_tokens": int(run["k"])}
+        if run.get("draft_sample_method"):
+            spec["draft_sample_method"] = run["draft_sample_method"]
+    temperature = run.get("temperature", job["temperature"])
+    seed = run.get("seed", job.get("seed", 0))
     t0 = time.perf_counter()
     llm = vllm.LLM(model=job["verifier"], tokenizer=job["verifier"], dtype=job["dtype"],
                    enforce_eager=True, speculative_config=spec, seed=job.get("seed", 0),
@@ -93,11 +110,12 @@ def run_one(job: dict, run: dict) -> dict:
                    distributed_executor_backend=job.get("executor", "uni"))
     start_s = time.perf_counter() - t0
     try:
-        weights = {}
+        weights, methods = {}, {}
         if spec is not None:
             weights = llm.collective_rpc(_drafter_fingerprint)[0]
-        params = vllm.SamplingParams(temperature=job["temperature"], max_tokens=job["max_tokens"],
-                                     seed=job.get("seed", 0), detokenize=False,
+            methods = _sample_methods(llm)
+        params = vllm.SamplingParams(temperature=temperature, max_tokens=job["max_tokens"],
+                                     seed=seed, detokenize=False,
                                      stop_token_ids=job.get("stop_token_ids") or None)
         before = counters(llm.get_metrics())
         t1 = time.perf_counter()
@@ -112,7 +130,7 @@ def run_one(job: dict, run: dict) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return {"name": run.get("name"), "k": run.get("k"), "drafter": run.get("drafter"),
-            "tokens": tokens, "counters": diff(before, after), "drafter_weights": weights,
+            "temperature": temperature, "seed": seed, **methods, "tokens": tokens, "counters": diff(before, after), "drafter_weights": weights,
             "start_s": round(start_s, 2), "generate_s": round(gen_s, 2)}
 
 

@@ -27,10 +27,10 @@ from specdraft.core.assets import resolve_path
 from specdraft.core.manifest import StageClock, file_sha256, input_hash, read_manifest, \
     write_manifest
 from specdraft.core.rundir import open_stage_dir, stage_dir
-from specdraft.eval.acceptance import AcceptanceStats
 from specdraft.eval.config import EvalConfig
 from specdraft.eval.plot import plot_acceptance
 from specdraft.eval.prompts import eval_chat_format, load_prompts, render
+from specdraft.eval.acceptance import AcceptanceStats, acceptance_rule
 
 STAGE = "eval"
 
@@ -68,6 +68,8 @@ def offline_eval(config: EvalConfig, verifier: Any, prompts: list[dict[str, Any]
     """Speculative decoding over ``prompts`` (each with its rendered ``prompt_ids``), stopping
     at ``eos`` ids; aggregate and per-prompt figures (with the committed token ids)."""
     model = load_drafter_model(config, verifier)
+    rule = acceptance_rule(config.temperature, config.draft_sample_method)
+    print(f"eval: acceptance rule: {rule}", file=sys.stderr)
     t0 = time.perf_counter()
     gens = decode(config, verifier, model, [p["prompt_ids"] for p in prompts], eos)
     seconds = time.perf_counter() - t0
@@ -80,6 +82,8 @@ def offline_eval(config: EvalConfig, verifier: Any, prompts: list[dict[str, Any]
     return {**stats.summary(), "new_tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "batch_size": config.batch_size, "prompts": rows,
+            "draft_sample_method": config.draft_sample_method,
+            "acceptance_rule": rule,
             "aux_layer_ids": list(model.config.aux_layer_ids),
             "draft_vocab_size": model.config.draft_vocab_size, **_tree_figures(config, gens),
             **_serve_plan(config, verifier, model, prompts, eos)}
@@ -134,7 +138,8 @@ def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[
                               max_new_tokens=config.max_new_tokens, eos=eos)
     gens = [torch.Generator().manual_seed(config.seed + i) for i in range(len(prompt_ids))]
     common = {"k": config.k, "max_new_tokens": config.max_new_tokens,
-              "temperature": config.temperature, "eos_ids": eos}
+              "temperature": config.temperature, "eos_ids": eos,
+              "draft_sample_method": config.draft_sample_method}
     if config.batch_size > 1:
         return generate_batch(BatchVerifier(verifier, aux), BatchEagleDrafter(model),
                               prompt_ids, batch_size=config.batch_size, generators=gens,
@@ -184,7 +189,7 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
                               extra={**{k: results.get(k) for k in
                                         ("tau", "acceptance_rate", "per_position",
                                          "tokens_per_s", "verify_steps", "mode", "by_context",
-                                         "tree", "sglang_accept_length")},
+                                         "tree", "sglang_accept_length", "acceptance_rule")},
                                      "serve_plan": _plan_extract(results.get("serve_plan")),
                                      "engine": engine_extract(results.get("engine")),
                                      "verifier_binding": results.get("verifier_binding")})
@@ -271,7 +276,8 @@ def engine_extract(engine: dict[str, Any] | None) -> dict[str, Any] | None:
     """The engine's figures for the manifest (no per-prompt tokens)."""
     if not engine:
         return None
-    keep = ("name", "version", "k", "temperature", "acceptance_rule", "dtype", "tau",
+    keep = ("name", "version", "k", "temperature", "acceptance_rule", "draft_sample_method",
+            "sampled_agreement", "dtype", "tau",
             "acceptance_rate", "per_position", "verify_steps", "drafted", "accepted",
             "tokens_per_s", "verifier_dir", "drafter_dir")
     out = {k: engine.get(k) for k in keep}

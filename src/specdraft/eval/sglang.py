@@ -28,7 +28,8 @@ import httpx
 
 from specdraft.core.errors import InputError
 from specdraft.core.verifier import engine_hf_dir
-from specdraft.eval.engine import RULES, EngineError, _stop, engine_drafter
+from specdraft.eval.acceptance import acceptance_rule
+from specdraft.eval.engine import EngineError, _stop, engine_drafter
 
 SGLANG_PYTHON_ENV = "SPECDRAFT_SGLANG_PYTHON"
 
@@ -147,7 +148,8 @@ def measure_sglang(config: Any, *, prompts: list[dict[str, Any]], stop_ids: Sequ
                               stop_ids=stop_ids)
     tokens = res.pop("tokens")
     return {"name": "sglang", "version": sglang_version(python), "k": config.k,
-            "temperature": config.temperature, "acceptance_rule": RULES[config.temperature <= 0],
+            "temperature": config.temperature,
+            "acceptance_rule": acceptance_rule(config.temperature, "greedy"),
             "dtype": dtype, "verifier_dir": str(vdir), "drafter_dir": str(ddir),
             "command": " ".join(cmd), **res,
             "prompts": [{"id": p["id"], "new_tokens": len(t), "tokens": t}

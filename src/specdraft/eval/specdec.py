@@ -17,18 +17,26 @@ columns are temporary); the verifier runs ``[x_{L-1}, d_1..d_k]`` in one forward
 the verifier cache is cropped to ``L + n`` (keeping ``x_{L-1}, d_1..d_n``), the drafter cache to
 ``L - 1`` and then fed the ``n + 1`` new pairs with the verifier's real features.
 
-Acceptance (:func:`verify_step`):
+Acceptance (:func:`verify_step`), named by :func:`acceptance_rule`:
 
 - temperature 0: ``d_j`` is accepted iff it equals the verifier's argmax; the verifier token is
   the argmax after the accepted prefix — the output equals plain greedy decoding.
-- temperature T > 0: standard speculative sampling (Leviathan et al. 2023, "Fast Inference from
-  Transformers via Speculative Decoding", Alg. 1; Chen et al. 2023, "Accelerating Large Language
-  Model Decoding with Speculative Sampling", Alg. 2): ``d_j ~ q_j`` (drafter, softmax of its
-  logits / T over the verifier vocab, zero outside the draft vocab) is accepted with probability
-  ``min(1, p_j(d_j) / q_j(d_j))`` (``p_j`` = verifier softmax(logits / T)); at the first
-  rejection the verifier token is drawn from ``norm(max(0, p_j - q_j))``; after k acceptances it
-  is drawn from ``p_k``. The committed tokens are distributed exactly as sampling the verifier
-  alone at temperature T.
+- temperature T > 0, ``draft_sample_method="greedy"`` (vLLM's default,
+  ``vllm/config/speculative.py``; SGLang's only chain rule): ``d_j`` is the drafter's argmax and
+  its probability is taken as one-hot, so ``d_j`` is accepted with probability ``p_j(d_j)``
+  (``p_j`` = verifier softmax(logits / T)); at the first rejection the verifier token is drawn
+  from ``p_j`` with ``d_j`` removed, renormalised (vLLM ``v1/sample/rejection_sampler.py``,
+  ``NO_DRAFT_PROBS``: draft probability 1, recovered token from ``p`` masked at the draft).
+- temperature T > 0, ``draft_sample_method="probabilistic"``: standard speculative sampling
+  (Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding", Alg. 1;
+  Chen et al. 2023, Alg. 2): ``d_j ~ q_j`` (drafter, softmax of its logits / T over the verifier
+  vocab, zero outside the draft vocab) is accepted with probability ``min(1, p_j(d_j) /
+  q_j(d_j))``; at the first rejection the verifier token is drawn from ``norm(max(0, p_j - q_j))``.
+
+In both sampled rules, after k acceptances the token is drawn from ``p_k``, and the committed
+tokens are distributed exactly as sampling the verifier alone at temperature T
+(``tests/eval/test_rules.py`` enumerates it). The two differ in acceptance: one step accepts
+``p(argmax q)`` in expectation with greedy drafting, ``sum(min(p, q))`` with probabilistic.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
-from specdraft.eval.acceptance import AcceptanceStats, commit_tokens
+from specdraft.eval.acceptance import AcceptanceStats, acceptance_rule, commit_tokens
 from specdraft.models.eagle3 import DraftKVCache, Eagle3DraftModel
 
 
@@ -152,12 +160,37 @@ class VerifierSession:
             self.cache.crop(-extra)
 
 
+def draft_temperature(temperature: float, draft_sample_method: str) -> float:
+    """The temperature the drafter samples at: 0 (its argmax, no q) with greedy drafting."""
+    return temperature if draft_sample_method == "probabilistic" else 0.0
+
+
+def accept_probability(p: torch.Tensor, q: torch.Tensor | None, d: int) -> float:
+    """Probability that draft ``d`` is accepted: ``min(1, p(d) / q(d))``, with ``q`` one-hot at
+    ``d`` when None (greedy drafting). p, q [V] float32."""
+    qd = 1.0 if q is None else float(q[d])
+    return min(1.0, float(p[d]) / qd) if qd > 0 else 0.0
+
+
+def residual(p: torch.Tensor, q: torch.Tensor | None, d: int) -> torch.Tensor:
+    """The distribution a rejected draft ``d`` is replaced from: ``norm(max(0, p - q))``, with
+    ``q`` one-hot at ``d`` when None (= ``p`` without ``d``); ``p`` itself when that is all zero
+    (then the draft was accepted with probability 1). p, q [V] float32 -> [V] float32."""
+    if q is None:
+        res = p.clone()
+        res[d] = 0.0
+    else:
+        res = (p - q).clamp_min(0)
+    total = float(res.sum())
+    return res / total if total > 0 else p
+
+
 def verify_step(logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | None,
                 temperature: float, generator: torch.Generator | None) -> tuple[int, int]:
     """Accepted prefix length n and the verifier token (module doc).
 
-    logits [k+1, V] (verifier, at the inputs ``x_{L-1}, d_1..d_k``), drafts [k], q [k, V] or
-    None (greedy).
+    logits [k+1, V] (verifier, at the inputs ``x_{L-1}, d_1..d_k``), drafts [k], q [k, V] with
+    probabilistic drafting, None with greedy drafting or at temperature 0.
     """
     k = len(drafts)
     if temperature <= 0:
@@ -168,13 +201,10 @@ def verify_step(logits: torch.Tensor, drafts: torch.Tensor, q: torch.Tensor | No
         return n, int(target[n])
     p = torch.softmax(logits / temperature, dim=-1)  # [k+1, V]
     for j in range(k):
-        d = int(drafts[j])
-        ratio = float(p[j, d]) / max(float(q[j, d]), 1e-30)
-        if float(torch.rand((), generator=generator)) < min(1.0, ratio):
+        d, qj = int(drafts[j]), None if q is None else q[j]
+        if float(torch.rand((), generator=generator)) < accept_probability(p[j], qj, d):
             continue
-        residual = (p[j] - q[j]).clamp_min(0)
-        dist = residual / residual.sum() if float(residual.sum()) > 0 else p[j]
-        return j, int(torch.multinomial(dist, 1, generator=generator)[0])
+        return j, int(torch.multinomial(residual(p[j], qj, d), 1, generator=generator)[0])
     return k, int(torch.multinomial(p[k], 1, generator=generator)[0])
 
 
@@ -227,16 +257,20 @@ def prefill(verifier: VerifierSession, drafter: Drafter, ids: torch.Tensor, *,
 
 def generate(verifier: VerifierSession, drafter: Drafter, prompt: Sequence[int], *, k: int,
              max_new_tokens: int, temperature: float = 0.0, eos_ids: Sequence[int] = (),
-             generator: torch.Generator | None = None) -> Generation:
+             generator: torch.Generator | None = None,
+             draft_sample_method: str = "greedy") -> Generation:
     """Speculatively decode up to ``max_new_tokens`` after ``prompt`` (module doc). The first
-    token comes from the prefill and is not a verify step."""
+    token comes from the prefill and is not a verify step. ``draft_sample_method`` (vLLM's
+    names) picks the rule at temperature > 0."""
+    acceptance_rule(temperature, draft_sample_method)  # refuses an unknown method
     t0 = time.perf_counter()
     ids = torch.tensor(list(prompt), dtype=torch.long)
     gen = prefill(verifier, drafter, ids, temperature=temperature, eos_ids=eos_ids,
                   generator=generator)
     while not gen.done(max_new_tokens):
         L = len(ids) + len(gen.tokens)
-        drafts, q = drafter.propose(torch.cat([ids, torch.tensor(gen.tokens)]), k, temperature,
+        drafts, q = drafter.propose(torch.cat([ids, torch.tensor(gen.tokens)]), k,
+                                    draft_temperature(temperature, draft_sample_method),
                                     generator)
         logits, aux = verifier.forward(torch.cat([torch.tensor(gen.tokens[-1:]), drafts]))
         n, vt = verify_step(logits, drafts, q, temperature, generator)
