@@ -124,6 +124,7 @@ def test_speculators_config_without_norm_before_residual_reads_true(tmp_path,
     ({"eagle_config": {"use_aux_hidden_state": False}}, "eagle_config.use_aux_hidden_state"),
     ({"architectures": ["Eagle3DeepseekV2ForCausalLM"]}, "Eagle3DeepseekV2ForCausalLM"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ({"norm_output": "false"}, "norm_output='false': must be true or false"),
 ])
 def test_a_field_specdraft_does_not_implement_is_refused_by_name(tmp_path, six_layer_verifier,
                                                                  extra, named):
@@ -223,3 +224,13 @@ def test_engine_table_matches_the_installed_vllm_source():
     assert '"norm_before_residual", True' in algos
     assert contract.ENGINE_READS["vllm-speculators"]["norm_before_residual"].value is True
     assert '"qwen3": "Eagle3Qwen3ForCausalLM"' in algos
+
+
+def test_run_summary_offers_sglang_only_for_the_sglang_format():
+    """A vllm/speculators export (EAGLE-3.1, Qwen3 layer) gets no SGLang command."""
+    from specdraft.pipeline.summary import serve_commands
+
+    assert [c.split()[0] for c in serve_commands("/d", "/v", 3, "sglang")] == ["vllm", "python"]
+    for fmt in ("vllm", "speculators"):
+        (only,) = serve_commands("/d", "/v", 3, fmt)
+        assert only.startswith("vllm serve /v --speculative-config") and '"model": "/d"' in only

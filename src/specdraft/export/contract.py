@@ -94,7 +94,8 @@ def engine_computation(cfg: dict[str, Any], engine: str) -> dict[str, Any]:
     """What ``engine`` computes for each computation field from ``config.json`` ``cfg`` (the
     key when present and read, else the engine's value from :data:`ENGINE_READS`).
 
-    Raises ValueError naming an architecture or layer ``model_type`` with no drafter layer here.
+    Raises ValueError naming an architecture or layer ``model_type`` with no drafter layer here,
+    or a field that is not a JSON boolean.
     """
     table = ENGINE_READS[engine]
     out = {n: cfg[n] if r.read and n in cfg else r.value for n, r in table.items()}
@@ -113,7 +114,11 @@ def engine_computation(cfg: dict[str, Any], engine: str) -> dict[str, Any]:
             raise ValueError(f"transformer_layer_config.model_type {model_type!r}: specdraft "
                              f"implements only {sorted(LAYER_BY_MODEL_TYPE)}")
         out["draft_layer"] = LAYER_BY_MODEL_TYPE[model_type]
-    return {n: v if n == "draft_layer" else bool(v) for n, v in out.items()}
+    not_bool = [f"{n}={v!r}" for n, v in out.items() if n != "draft_layer"
+                and not isinstance(v, bool)]
+    if not_bool:
+        raise ValueError(f"{', '.join(not_bool)}: must be true or false")
+    return out
 
 
 def check_contract(fmt: str, cfg: dict[str, Any], c: Eagle3Config) -> list[str]:

@@ -311,9 +311,6 @@ def drafter_config_from_export(cfg: dict[str, Any], fmt: str) -> Eagle3Config:
     ids = FORMAT_SPECS[fmt].read_hf_ids(cfg)
     if ids is None:
         raise KeyError("eagle_aux_hidden_state_layer_ids")
-    bad = check_foreign_keys(layer, cfg, len(ids))
-    if bad:
-        raise ValueError("field(s) specdraft does not implement: " + "; ".join(bad))
     computation = engine_computation(
         cfg, "vllm-speculators" if fmt == "speculators" else "vllm-native")
     if "rope_theta" not in layer and "rope_theta" not in (layer.get("rope_parameters") or {}):
@@ -322,7 +319,7 @@ def drafter_config_from_export(cfg: dict[str, Any], fmt: str) -> Eagle3Config:
     theta = float(rope.pop("rope_theta"))
     partial = float(rope.pop("partial_rotary_factor", 1.0))
     scaling = rope if rope.get("rope_type", "default") != "default" else None
-    return Eagle3Config(
+    config = Eagle3Config(
         hidden_size=layer["hidden_size"], num_attention_heads=layer["num_attention_heads"],
         num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
         intermediate_size=layer["intermediate_size"], rms_norm_eps=layer["rms_norm_eps"],
@@ -331,3 +328,7 @@ def drafter_config_from_export(cfg: dict[str, Any], fmt: str) -> Eagle3Config:
         vocab_size=layer["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"],
         target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],
         aux_layer_ids=tuple(ids), hidden_act=layer.get("hidden_act", "silu"), **computation)
+    bad = check_foreign_keys(layer, cfg, len(ids))  # after the missing keys were named
+    if bad:
+        raise ValueError("field(s) specdraft does not implement: " + "; ".join(bad))
+    return config

@@ -16,12 +16,17 @@ from specdraft.core.manifest import ExportManifest, Manifest
 KNOWN_HF_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
-def serve_commands(export_dir: str, verifier: str, k: int = 3) -> list[str]:
-    """The command lines to serve the exported drafter with vLLM and SGLang (chain drafting of
-    ``k`` tokens; flags from the engines' docs, see docs/run-dir.md)."""
+def serve_commands(export_dir: str, verifier: str, k: int = 3, fmt: str = "sglang"
+                   ) -> list[str]:
+    """The command lines to serve the exported drafter with vLLM and, for the ``sglang``
+    format (the only one SGLang loads; docs/drafters.md), SGLang (chain drafting of ``k``
+    tokens; flags from the engines' docs, see docs/run-dir.md)."""
     spec = json.dumps({"method": "eagle3", "model": export_dir, "num_speculative_tokens": k})
+    vllm = f"vllm serve {verifier} --speculative-config '{spec}'"
+    if fmt != "sglang":
+        return [vllm]
     return [
-        f"vllm serve {verifier} --speculative-config '{spec}'",
+        vllm,
         f"python -m sglang.launch_server --model-path {verifier} "
         f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {export_dir} "
         f"--speculative-num-steps {k} --speculative-eagle-topk 1 "
@@ -45,5 +50,5 @@ def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
         k = getattr(config.stages.get("eval"), "k", 3)
         lines.append(f"Serve the drafter ({k} draft tokens per step, as evaluated):")
         out = str(Path(export.out).resolve())
-        lines += [f"  {c}" for c in serve_commands(out, verifier, k)]
+        lines += [f"  {c}" for c in serve_commands(out, verifier, k, export.format)]
     return "\n".join(lines)
