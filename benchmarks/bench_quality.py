@@ -36,15 +36,23 @@ GSM8K_TEST = SHARED / "gsm8k" / "test.jsonl"
 MT_BENCH = SHARED / "mt_bench" / "question.jsonl"
 
 
+#: ``--drafter``: the train fields of each drafter (docs/drafters.md); all but EAGLE-3 export
+#: as ``vllm`` (SGLang reads none of their fields, so the sglang format refuses them).
+DRAFTERS = {"eagle3": {},
+            "eagle3.1": {"norm_before_fc": True, "fc_norm": True, "norm_output": True},
+            "qwen3": {"drafter_layer": "qwen3"}}
+
+
 def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 100,
                   chats: Path | None = None, storage: str = "bf16", seed: int = 0,
-                  ttt_steps: int = 4, train_dtype: str | None = None) -> dict:
+                  ttt_steps: int = 4, train_dtype: str | None = None,
+                  drafter: str = "eagle3") -> dict:
     """The pipeline config of the benchmark (same fields as configs/demo-smollm2.yaml);
     ``chats``: conversations for ``prepare --data`` instead of generating (e.g. the
     ``samples.jsonl`` of an earlier generate); ``seed``: the train stage's (initialization,
     shuffling and which rows are held out for validation); ``ttt_steps``: the TTT depth K of
     training (eval drafts k = 4 whatever K is); ``train_dtype``: the train stage's ``dtype``
-    (None: its default, ``auto``)."""
+    (None: its default, ``auto``); ``drafter``: a key of :data:`DRAFTERS`."""
     cfg = {
         "run_dir": str(run_dir), "verifier": "smollm2", "device": "cpu",
         "generate": {"prompts": str(SHARED / "gsm8k" / "train.jsonl"), "limit": n_train,
@@ -55,8 +63,8 @@ def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 10
         "extract": {"storage": storage, "batch_tokens": 8192},
         "train": {"epochs": epochs, "ttt_steps": ttt_steps, "lr": 5e-4, "warmup_steps": 40,
                   "batch_tokens": 2048, "val_fraction": 0.05, "eval_every": 50,
-                  "save_every": 50, "seed": seed},
-        "export": {"format": "sglang"},
+                  "save_every": 50, "seed": seed, **DRAFTERS[drafter]},
+        "export": {"format": "sglang" if drafter == "eagle3" else "vllm"},
         "eval": {"prompts": str(SHARED / "gsm8k" / "test.jsonl"), "limit": eval_limit, "k": 4,
                  "temperature": 0.0, "max_new_tokens": 96, "batch_size": EVAL_BATCH},
     }
@@ -116,6 +124,9 @@ def main() -> None:
     ap.add_argument("--from", dest="from_stage", default=None, help="start the pipeline at "
                     "this stage and take the earlier ones as they are in --run-dir (e.g. train, "
                     "with generate..extract copied from another run: `specdraft run --from`)")
+    ap.add_argument("--drafter", default="eagle3", choices=sorted(DRAFTERS),
+                    help="which drafter specdraft trains (docs/drafters.md); with --from train "
+                    "on a copy of another run's generate..extract: the same data")
     ap.add_argument("--peer", action="store_true", help="also train speculators 0.9.0 on the "
                     "same rows and hidden states and eval its drafter the same way")
     args = ap.parse_args()
@@ -129,7 +140,8 @@ def main() -> None:
     cfg_path.write_text(yaml.safe_dump(pipeline_yaml(args.run_dir, args.n_train, args.epochs,
                                                      args.eval_limit, args.chats,
                                                      args.storage, args.seed,
-                                                     args.ttt_steps, args.train_dtype)))
+                                                     args.ttt_steps, args.train_dtype,
+                                                     args.drafter)))
     config = PipelineConfig.from_yaml(cfg_path)
     t0 = time.monotonic()
     manifest = run(config, from_stage=args.from_stage or ("prepare" if args.chats else None))

@@ -54,7 +54,7 @@ FAULTS = {
     "embed_tokens equal to the verifier's":
         lambda d: edit_weights(d, lambda w: w.update(
             {"embed_tokens.weight": torch.randn_like(w["embed_tokens.weight"])})),
-    "norm_before_residual explicit":
+    "computation fields explicit and served":
         lambda d: edit_config(d, lambda c: c.pop("norm_before_residual")),
     "max_position_embeddings >= the verifier's":
         lambda d: edit_config(d, lambda c: c.update(max_position_embeddings=512)),
@@ -129,7 +129,7 @@ def test_cli_exit_code(exported, tmp_path, six_layer_verifier_dir):
     assert ok.exit_code == 0, ok.output
     d = tmp_path / "d"
     shutil.copytree(exported, d)
-    FAULTS["norm_before_residual explicit"](d)
+    FAULTS["computation fields explicit and served"](d)
     bad = CliRunner().invoke(app, ["doctor", str(d), "--verifier", str(six_layer_verifier_dir)])
-    assert bad.exit_code == 1 and "[FAIL] norm_before_residual explicit" in bad.output
+    assert bad.exit_code == 1 and "[FAIL] computation fields explicit and served" in bad.output
     assert "fix: re-run `specdraft export`" in bad.output

@@ -87,13 +87,19 @@ def test_run_plan_on_the_same_prompts():
 def test_summary_prints_the_best_settings_serve_command():
     plan = {"best": "tree 5x4x8", "best_setting": {"steps": 5, "topk": 4, "num_draft_tokens": 8},
             "settings": {"tree 5x4x8": {"tau": 3.0, "predicted_speedup": 1.66}}}
-    lines = _serve_lines(None, SimpleNamespace(serve_plan=plan), "/x", "V")
+    lines = _serve_lines(None, SimpleNamespace(serve_plan=plan), "/x", "V", "sglang")
     assert "best setting, tree 5x4x8, predicted speedup 1.66x" in lines[0]
     assert len(lines) == 2 and "--speculative-num-steps 5 --speculative-eagle-topk 4 " \
         "--speculative-num-draft-tokens 8" in lines[1]
-    chain = _serve_lines(SimpleNamespace(k=2, topk=1, num_draft_tokens=None), None, "/x", "V")
+    chain = _serve_lines(SimpleNamespace(k=2, topk=1, num_draft_tokens=None), None, "/x", "V",
+                         "sglang")
     assert "chain k=2" in chain[0] and '"num_speculative_tokens": 2' in chain[1]
     assert "--speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in chain[2]
+    # a vllm-format export (EAGLE-3.1, Qwen3 layer): vLLM for the chain, nothing for a tree
+    assert len(_serve_lines(SimpleNamespace(k=2, topk=1, num_draft_tokens=None), None, "/x",
+                            "V", "vllm")) == 2
+    tree = _serve_lines(None, SimpleNamespace(serve_plan=plan), "/x", "V", "vllm")
+    assert "no engine serves it" in tree[1]
 
 
 def test_tau_by_context_length_by_hand():

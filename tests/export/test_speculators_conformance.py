@@ -56,3 +56,24 @@ def test_speculators_loads_our_export(tmp_path, six_layer_verifier, six_layer_ve
     assert report["missing"] == [] and report["unexpected"] == [] and report["differ"] == []
     assert report["aux_ids"] == [2, 3, 4] and report["norm_before_residual"] is False
     assert report["fc_in"] == 3 * 64
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fields", [{"norm_before_fc": True, "norm_output": True},
+                                    {"fc_norm": True}, {"draft_layer": "qwen3"}],
+                         ids=["norm_before_fc+norm_output", "fc_norm", "qwen3"])
+def test_speculators_loads_our_drafter_variants(tmp_path, six_layer_verifier,
+                                                six_layer_verifier_dir, speculators_python,
+                                                fields):
+    """EAGLE-3.1 norms and the Qwen3 layer (docs/drafters.md): speculators 0.9's own loader
+    builds every tensor we wrote, by the same names, with equal values (it refuses
+    norm_before_fc together with fc_norm, so they are checked apart)."""
+    drafter = make_drafter(six_layer_verifier, **fields)
+    run_dir = make_run(tmp_path / "run", six_layer_verifier, drafter)
+    run(ExportConfig(run_dir=run_dir, format="speculators",
+                     verifier_name=str(six_layer_verifier_dir)))
+    done = _sh(str(speculators_python), str(Path(__file__).parent / "speculators_check.py"),
+               str(run_dir / "export" / "speculators"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["missing"] == [] and report["unexpected"] == [] and report["differ"] == []

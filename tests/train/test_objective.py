@@ -37,6 +37,9 @@ class Recorder(nn.Module):
         history.append(None)
         return hidden
 
+    def feedback(self, prenorm):
+        return prenorm  # EAGLE-3: the next step is fed the prenorm state
+
     def logits(self, hidden):
         # hidden [..., 1] carries the column t (feature 100 + t); step k fed x_{t+1+k} = t+1+k:
         # predict draft id = the fed token id (mod K) + 1

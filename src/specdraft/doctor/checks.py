@@ -2,7 +2,7 @@
 
 They target the silent failures of deployed drafters (server healthy, acceptance 1–15%): a
 shape or vocabulary that belongs to another verifier, aux ids an engine reads differently, a
-missing or broken ``d2t``, an embedding that is not the verifier's, ``norm_before_residual``
+missing or broken ``d2t``, an embedding that is not the verifier's, a computation field
 left to a loader default, a short ``max_position_embeddings``, a chat template changed since
 ``prepare``, think markers split into several tokens, a stored teacher that is not the
 verifier's own distribution (or all-zero / out-of-band hidden states).
@@ -22,7 +22,9 @@ from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
 from specdraft.core.errors import ConfigError
 from specdraft.core.manifest import ExtractManifest, PrepareManifest
 from specdraft.export.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
+from specdraft.export.contract import check_contract
 from specdraft.export.reader import DrafterOnDisk
+from specdraft.models.eagle3 import COMPUTATION_FIELDS
 
 
 @dataclass
@@ -173,15 +175,19 @@ def check_embed(s: Subject) -> Check:
                  "verifier's frozen embedding")
 
 
-def check_norm_before_residual(s: Subject) -> Check:
-    """Written explicitly: vLLM's llama_eagle3 path defaults it to false, its speculators reader
-    to true."""
-    raw = s.drafter.raw_config
-    ok = raw is None or "norm_before_residual" in raw
-    return Check("norm_before_residual explicit", ok,
-                 f"norm_before_residual={s.drafter.config.norm_before_residual}" if ok else
-                 "absent from config.json: each loader applies its own default",
-                 "re-run `specdraft export` (writes it explicitly)")
+def check_computation_fields(s: Subject) -> Check:
+    """Every computation field (``norm_before_residual``, the EAGLE-3.1 norms, the layer) written
+    explicitly, each engine that loads this format computing the drafter's value from it, and
+    none of them ignoring a field the drafter needs (:func:`specdraft.export.contract.
+    check_contract`): vLLM's llama_eagle3 path defaults ``norm_before_residual`` to false, its
+    speculators reader to true; SGLang reads none of them."""
+    raw, c = s.drafter.raw_config, s.drafter.config
+    problems = [] if raw is None else check_contract(s.drafter.format, raw, c)
+    values = ", ".join(f"{n}={getattr(c, n)}" for n in COMPUTATION_FIELDS)
+    return Check("computation fields explicit and served", not problems,
+                 values if not problems else "; ".join(problems),
+                 "re-run `specdraft export` (writes every field; --format vllm for fields "
+                 "SGLang ignores)")
 
 
 def check_max_positions(s: Subject) -> Check:
@@ -281,6 +287,6 @@ def check_hidden_probe(s: Subject) -> Check:
 
 
 CHECKS: list[Callable[[Subject], Check]] = [
-    check_shapes, check_aux_ids, check_vocab, check_embed, check_norm_before_residual,
+    check_shapes, check_aux_ids, check_vocab, check_embed, check_computation_fields,
     check_max_positions, check_chat_template, check_think_tokens, check_teacher,
     check_verifier_identity, check_hidden_probe]

@@ -283,7 +283,7 @@ class BatchEagleDrafter:
             drafts.append(d)
             qs.append(q)
             if j < k - 1:  # temporary column: earlier drafts and this one are seen
-                h = self._forward(d[:, None], h, (base + j)[:, None],
+                h = self._forward(d[:, None], self.model.feedback(h), (base + j)[:, None],
                                   torch.ones(B, j + 1, dtype=torch.bool))
         self.cache.crop(slots)
         q_all = torch.stack(qs, 1).cpu() if temperature > 0 else None

@@ -82,12 +82,13 @@ class Setting:
     def verify_tokens(self) -> int:
         return self.shape.num_draft_tokens
 
-    def serve_commands(self, export_dir: str, verifier: str) -> list[str]:
-        """vLLM and SGLang command lines for a chain; SGLang's alone for a tree."""
+    def serve_commands(self, export_dir: str, verifier: str, fmt: str = "sglang") -> list[str]:
+        """vLLM's command line for a chain, SGLang's for a chain or a tree when the export
+        ``fmt`` is one SGLang loads (:func:`specdraft.pipeline.summary.serve_commands`)."""
         from specdraft.pipeline.summary import serve_commands
 
         s = self.shape
-        return serve_commands(export_dir, verifier, s.steps, s.topk, s.num_draft_tokens)
+        return serve_commands(export_dir, verifier, s.steps, s.topk, s.num_draft_tokens, fmt)
 
 
 def parse_sweep(text: str) -> list[Setting]:

@@ -113,7 +113,8 @@ class EagleDrafter:
             qs.append(q)
             if j < k - 1:
                 pos = torch.tensor([[base + j]], device=h.device)
-                h = self.model.forward_cached(d.view(1, 1), h, pos, self.cache)  # [1, 1, H]
+                h = self.model.forward_cached(d.view(1, 1), self.model.feedback(h), pos,
+                                               self.cache)  # [1, 1, H] prenorm
         q_all = torch.stack(qs).cpu() if temperature > 0 else None
         return torch.stack(drafts).cpu(), q_all
 

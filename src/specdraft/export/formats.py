@@ -44,11 +44,17 @@ from typing import Any, Callable
 
 import torch
 
+from specdraft.export.contract import check_foreign_keys, engine_computation
 from specdraft.models.eagle3 import Eagle3Config
 
 FORMATS = ("sglang", "vllm", "speculators")
 ENGINE_ARCH = "LlamaForCausalLMEagle3"  # vLLM registry and SGLang EntryClass both accept it
 SPECULATORS_ARCH = "Eagle3Speculator"
+# Per drafter layer (Eagle3Config.draft_layer): the architecture vLLM's registry maps to that
+# layer (``Eagle3Qwen3ForCausalLM`` -> ``qwen3_eagle3.py``) and the layer config's model_type
+# (the speculators loader picks the class from it: ``configs/speculators/algos.py``).
+ENGINE_ARCHS = {"llama": ENGINE_ARCH, "qwen3": "Eagle3Qwen3ForCausalLM"}
+LAYER_MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3"}
 
 # Checkpoint names (ours == the vLLM/SGLang names; speculators renames the decoder layer).
 # ``speculators/models/eagle3/core.py``: ``self.layers = ModuleList([first_layer, ...])``.
@@ -131,7 +137,7 @@ def llama_layer_config(c: Eagle3Config) -> dict[str, Any]:
     names). ``max_position_embeddings`` and ``vocab_size`` are the verifier's;
     ``tie_word_embeddings`` is always false (SGLang would tie lm_head to embed_tokens)."""
     return {
-        "model_type": "llama", "hidden_size": c.hidden_size,
+        "model_type": LAYER_MODEL_TYPES[c.draft_layer], "hidden_size": c.hidden_size,
         "num_attention_heads": c.num_attention_heads,
         "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
         "intermediate_size": c.intermediate_size, "hidden_act": c.hidden_act,
@@ -158,21 +164,31 @@ def engine_rope_read(layer: dict[str, Any], reader: str) -> dict[str, Any]:
     return rope
 
 
+def computation_keys(c: Eagle3Config) -> dict[str, bool]:
+    """The computation fields every format writes explicitly (``export/contract.py``): the
+    engines' defaults differ (``norm_before_residual``: false natively, true through vLLM's
+    speculators loader), so nothing is left to a default."""
+    return {"norm_before_residual": c.norm_before_residual,
+            "norm_before_fc": c.norm_before_fc, "fc_norm": c.fc_norm,
+            "norm_output": c.norm_output}
+
+
 def engine_config(c: Eagle3Config, *, sglang_ids: bool) -> dict[str, Any]:
     """``config.json`` for vLLM and SGLang (``LlamaForCausalLMEagle3``).
 
     Keys read (``vllm/model_executor/models/llama_eagle3.py``, ``python/sglang/srt/models/
     llama_eagle3.py``): the Llama layer keys, ``draft_vocab_size``, ``target_hidden_size``,
-    ``norm_before_residual`` (vLLM, default false; written explicitly), ``tie_word_embeddings``
+    :func:`computation_keys` (vLLM; written explicitly), ``tie_word_embeddings``
     (SGLang ties lm_head to embed_tokens when true), ``eagle_config.use_aux_hidden_state``.
     Top-level ids are vLLM's; ``eagle_config``'s are SGLang's when ``sglang_ids`` else vLLM's.
+    The Qwen3 layer is ``Eagle3Qwen3ForCausalLM`` with ``model_type`` qwen3 (vLLM only).
     """
     ids = list(c.aux_layer_ids)
     inner = hf_to_sglang_ids(ids) if sglang_ids else hf_to_vllm_ids(ids)
     return {
-        "architectures": [ENGINE_ARCH], **llama_layer_config(c),
+        "architectures": [ENGINE_ARCHS[c.draft_layer]], **llama_layer_config(c),
         "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
-        "norm_before_residual": c.norm_before_residual,
+        **computation_keys(c),
         "eagle_aux_hidden_state_layer_ids": hf_to_vllm_ids(ids),
         "eagle_config": {"use_aux_hidden_state": True,
                          "eagle_aux_hidden_state_layer_ids": inner},
@@ -187,12 +203,13 @@ def speculators_config(c: Eagle3Config, *, verifier_name: str,
     ``Eagle3SpeculatorConfig``; ``speculators/config.py`` ``SpeculatorsConfig``/``VerifierConfig``;
     ``speculators/proposals/greedy.py``). vLLM detects it by ``speculators_model_type``
     (``vllm/transformers_utils/configs/speculators/``) and defaults ``norm_before_residual`` to
-    true there, so it is always written."""
+    true there, so every :func:`computation_keys` field is always written; the layer is the
+    ``transformer_layer_config.model_type`` (qwen3 -> ``Eagle3Qwen3ForCausalLM`` in vLLM)."""
     return {
         "architectures": [SPECULATORS_ARCH], "speculators_model_type": "eagle3",
         "transformer_layer_config": llama_layer_config(c),
         "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
-        "norm_before_residual": c.norm_before_residual,
+        **computation_keys(c),
         "eagle_aux_hidden_state_layer_ids": hf_to_vllm_ids(list(c.aux_layer_ids)),
         "speculators_config": {
             "algorithm": "eagle3",
@@ -286,18 +303,23 @@ def detect_format(cfg: dict[str, Any]) -> str:
 
 def drafter_config_from_export(cfg: dict[str, Any], fmt: str) -> Eagle3Config:
     """Rebuild :class:`Eagle3Config` from an exported ``config.json`` (ids back in our
-    convention, read the way ``fmt``'s engine reads them). Raises KeyError on a missing key."""
+    convention, read the way ``fmt``'s engine reads them; the computation fields as vLLM
+    computes them from it, :func:`specdraft.export.contract.engine_computation`). Raises
+    KeyError on a missing key, ValueError naming every key specdraft does not implement
+    (:func:`specdraft.export.contract.check_foreign_keys`)."""
     layer = cfg["transformer_layer_config"] if fmt == "speculators" else cfg
     ids = FORMAT_SPECS[fmt].read_hf_ids(cfg)
     if ids is None:
         raise KeyError("eagle_aux_hidden_state_layer_ids")
+    computation = engine_computation(
+        cfg, "vllm-speculators" if fmt == "speculators" else "vllm-native")
     if "rope_theta" not in layer and "rope_theta" not in (layer.get("rope_parameters") or {}):
         raise KeyError("rope_theta")  # never a guessed base: 10000 is wrong for most verifiers
     rope = engine_rope_read(layer, "vllm" if layer.get("rope_parameters") else "sglang")
     theta = float(rope.pop("rope_theta"))
     partial = float(rope.pop("partial_rotary_factor", 1.0))
     scaling = rope if rope.get("rope_type", "default") != "default" else None
-    return Eagle3Config(
+    config = Eagle3Config(
         hidden_size=layer["hidden_size"], num_attention_heads=layer["num_attention_heads"],
         num_key_value_heads=layer["num_key_value_heads"], head_dim=layer["head_dim"],
         intermediate_size=layer["intermediate_size"], rms_norm_eps=layer["rms_norm_eps"],
@@ -305,4 +327,8 @@ def drafter_config_from_export(cfg: dict[str, Any], fmt: str) -> Eagle3Config:
         max_position_embeddings=layer["max_position_embeddings"],
         vocab_size=layer["vocab_size"], draft_vocab_size=cfg["draft_vocab_size"],
         target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],
-        aux_layer_ids=tuple(ids), norm_before_residual=bool(cfg.get("norm_before_residual")))
+        aux_layer_ids=tuple(ids), hidden_act=layer.get("hidden_act", "silu"), **computation)
+    bad = check_foreign_keys(layer, cfg, len(ids))  # after the missing keys were named
+    if bad:
+        raise ValueError("field(s) specdraft does not implement: " + "; ".join(bad))
+    return config

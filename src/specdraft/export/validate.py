@@ -14,7 +14,10 @@ compares a candidate ``(config.json, tensors)`` against it and against the facts
 - the rotary each engine builds from ``config.json`` (:func:`specdraft.export.formats.
   engine_rope_read`) is the drafter's (type, theta, scaling parameters, partial factor), of a
   type the engines' Llama EAGLE-3 layer computes like transformers (else refused with the
-  reason); ``tie_word_embeddings`` is false.
+  reason); ``tie_word_embeddings`` is false;
+- every computation field is written, each engine that loads the format computes the trained
+  value from ``config.json``, and no engine ignores a field the drafter needs
+  (:func:`specdraft.export.contract.check_contract`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 
 from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
 from specdraft.core.errors import ConfigError, SpecdraftError
+from specdraft.export.contract import check_contract
 from specdraft.export.formats import (ENGINE_ROPE_TYPES, FORMAT_SPECS, ROPE_REFUSALS,
                                       engine_rope_read, inverse)
 from specdraft.models.eagle3 import Eagle3Config
@@ -79,6 +83,12 @@ def expected_tensors(fmt: str, c: Eagle3Config, *, with_embed: bool
         "midlayer.mlp.gate_proj.weight": (I, H), "midlayer.mlp.up_proj.weight": (I, H),
         "midlayer.mlp.down_proj.weight": (H, I), "norm.weight": (H,), "lm_head.weight": (K, H),
     }
+    if c.norm_before_fc:  # EAGLE-3.1 (models/eagle3.py): one norm over the concatenation
+        ours["input_norm.weight"] = (c.n_aux * c.target_hidden_size,)
+    if c.fc_norm:  # one norm per aux chunk
+        ours.update({f"fc_norm.{i}.weight": (c.target_hidden_size,) for i in range(c.n_aux)})
+    if c.draft_layer == "qwen3":  # per-head q/k norms
+        ours.update({f"midlayer.self_attn.{n}_norm.weight": (c.head_dim,) for n in "qk"})
     spec: dict[str, tuple[tuple[int, ...], torch.dtype | None]] = {
         n: (s, None) for n, s in ours.items()}
     spec["d2t"] = ((K,), torch.int64)
@@ -241,6 +251,7 @@ def check_export(fmt: str, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]
     problems += check_tensors(fmt, c, tensors)
     problems += check_fc(fmt, cfg, c, tensors)
     problems += check_rotary(fmt, cfg, c)
+    problems += check_contract(fmt, cfg, c)
     head = tensors.get("lm_head.weight")
     if head is not None and head.shape[0] != c.draft_vocab_size:
         problems.append(f"lm_head.weight has {head.shape[0]} rows, draft vocab is "

@@ -1,17 +1,30 @@
 """The EAGLE-3 draft model (arXiv 2503.01840, Sec. 3), in one readable file.
 
-    aux features [B, T, n_aux*Ht] --fc--> h [B, T, H]            (step 0 only)
+    aux features a [B, T, n_aux*Ht]
+    a = input_norm(a)                     (norm_before_fc: one RMSNorm over all n_aux*Ht)
+    a = cat([fc_norm[i](a_i)], -1)        (fc_norm: one RMSNorm per aux chunk a_i [B, T, Ht])
+    h = fc(a)                                                   [B, T, H]  (step 0 only)
     x = input_layernorm(embed_tokens(ids))                      [B, T, H]
     a = self_attn(cat([x, hidden_norm(h)], -1))                 q/k/v read width 2H
     r = h + a                   (h taken *before* hidden_norm, unless norm_before_residual)
-    out = r + mlp(post_attention_layernorm(r))                  [B, T, H]  "prenorm": fed back as h
+    out = r + mlp(post_attention_layernorm(r))                  [B, T, H]  "prenorm"
     logits = lm_head(norm(out))                                 [B, T, K]  over the draft vocab
+    next h = norm(out) if norm_output else out                  (:meth:`feedback`)
+
+``norm_before_fc``, ``fc_norm`` and ``norm_output`` are EAGLE-3.1's three switches, computed as
+vLLM 0.32 ``model_executor/models/llama_eagle3.py`` does (``combine_hidden_states``: the single
+norm first, then the per-chunk norms; ``LlamaModel.forward``: the post-norm state as the aux
+output when ``norm_output``). ``draft_layer`` picks the decoder layer's attention: ``"llama"``
+(the reference EAGLE-3 layer) or ``"qwen3"`` (per-head RMSNorm ``q_norm``/``k_norm`` on q and k
+before rotary, vLLM ``qwen3.py`` ``Qwen3Attention`` as used by ``qwen3_eagle3.py``).
 
 Attribute names equal the checkpoint keys that vLLM (``vllm/model_executor/models/
 llama_eagle3.py``) and SGLang (``python/sglang/srt/models/llama_eagle3.py``) load, so export is a
 rename-free ``state_dict`` save: ``fc.weight``, ``midlayer.{input_layernorm,hidden_norm,
 post_attention_layernorm}.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight``,
-``midlayer.mlp.{gate,up,down}_proj.weight``, ``norm.weight``, ``lm_head.weight``, buffers ``d2t``
+``midlayer.mlp.{gate,up,down}_proj.weight``, ``norm.weight``, ``lm_head.weight``, with
+EAGLE-3.1 ``input_norm.weight`` [n_aux*Ht] and ``fc_norm.{i}.weight`` [Ht], with the Qwen3 layer
+``midlayer.self_attn.{q,k}_norm.weight`` [d] (vLLM's names), buffers ``d2t``
 (int64 [K], ``target_id = draft_id + d2t[draft_id]``) and ``t2d`` (bool [V]), plus the frozen
 ``embed_tokens.weight`` copied from the verifier.
 
@@ -28,7 +41,7 @@ Model files never import ``torch.distributed``; parallelism is applied from outs
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
 import torch
@@ -57,6 +70,9 @@ class Eagle3Config:
     ``verifier_identity``: the identity record of the verifier the drafter was trained on
     (:mod:`specdraft.core.verifier_identity`; None when unknown), compared by export, eval and
     doctor with the verifier they are given.
+    ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output`` and
+    ``draft_layer`` change the computation (module docstring); :data:`COMPUTATION_FIELDS` lists
+    them and every export writes each one explicitly.
     """
 
     hidden_size: int
@@ -74,6 +90,10 @@ class Eagle3Config:
     rope_scaling: dict[str, Any] | None = None
     partial_rotary_factor: float = 1.0
     norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    draft_layer: str = "llama"
     hidden_act: str = "silu"
     attn_impl: str = "fused"
     verifier_profile: dict[str, Any] | None = None
@@ -88,6 +108,8 @@ class Eagle3Config:
             object.__setattr__(self, "rope_scaling", rope)
         if self.attn_impl not in TTT_ATTENTION:
             raise ValueError(f"attn_impl {self.attn_impl!r} not in {sorted(TTT_ATTENTION)}")
+        if self.draft_layer not in DRAFT_LAYERS:
+            raise ValueError(f"draft_layer {self.draft_layer!r} not in {list(DRAFT_LAYERS)}")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r}: only silu is implemented")
         if not 0.0 < self.partial_rotary_factor <= 1.0 or self.rotary_dim % 2:
@@ -122,6 +144,12 @@ class Eagle3Config:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Eagle3Config":
+        """Strict: ValueError naming every key that is not a field (a field specdraft does
+        not implement must not be dropped silently)."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"drafter config key(s) {unknown}: specdraft does not implement "
+                             f"them")
         return cls(**d)
 
     @classmethod
@@ -176,6 +204,26 @@ class Eagle3Config:
         return LlamaConfig(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
                            head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
                            rope_parameters=self.rope_parameters())
+
+
+# Decoder-layer kinds of the drafter: the value of ``Eagle3Config.draft_layer`` -> whether the
+# attention has per-head q/k RMSNorms (the only difference between the two; module docstring).
+DRAFT_LAYERS: dict[str, bool] = {"llama": False, "qwen3": True}
+
+# The fields of Eagle3Config that change what the drafter computes (not its shape), each written
+# explicitly by every export (specdraft.export.formats) and read back by specdraft.export.reader.
+COMPUTATION_FIELDS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+                      "draft_layer")
+
+# The documented rule of the default drafter layer per verifier family (``train
+# --drafter-layer auto``; docs/drafters.md): Qwen3 verifiers get the Qwen3 layer (q/k norms, as
+# their own attention has), every other family the reference Llama layer.
+DRAFT_LAYER_BY_FAMILY: dict[str, str] = {"qwen3": "qwen3", "qwen3_moe": "qwen3"}
+
+
+def default_draft_layer(model_type: str) -> str:
+    """The drafter layer :data:`DRAFT_LAYER_BY_FAMILY` gives a verifier ``model_type``."""
+    return DRAFT_LAYER_BY_FAMILY.get(model_type, "llama")
 
 
 def drafter_mlp_width(p: VerifierProfile) -> int:
@@ -380,7 +428,9 @@ class DraftKVCache:
 
 
 class Eagle3Attention(nn.Module):
-    """Llama attention whose q/k/v read the 2H-wide ``[embed; hidden]`` input."""
+    """Llama attention whose q/k/v read the 2H-wide ``[embed; hidden]`` input; with
+    ``draft_layer="qwen3"`` also ``q_norm``/``k_norm`` (RMSNorm over each head's d dims, before
+    rotary: vLLM ``qwen3.py`` ``Qwen3Attention.forward``)."""
 
     def __init__(self, c: Eagle3Config) -> None:
         super().__init__()
@@ -389,15 +439,20 @@ class Eagle3Attention(nn.Module):
         self.k_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden_size, c.num_key_value_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False)
+        if DRAFT_LAYERS[c.draft_layer]:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
     def qkv(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]):
-        """x [B, T, 2H] -> q [B, h, T, d], k and v [B, kvh, T, d] (rotary applied)."""
+        """x [B, T, 2H] -> q [B, h, T, d], k and v [B, kvh, T, d] (q/k norms, then rotary)."""
         B, T, _ = x.shape
         c = self.c
-        q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim)
+        k = self.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim)
         v = self.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, k, *cos_sin)
+        if DRAFT_LAYERS[c.draft_layer]:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over d
+        q, k = apply_rotary(q.transpose(1, 2), k.transpose(1, 2), *cos_sin)
         # Under autocast q/k/v leave the projections in bf16 but the fp32 rotary tables promote
         # q and k back to fp32; the fused CPU kernel takes one dtype, so all three share v's.
         return q.to(v.dtype), k.to(v.dtype), v
@@ -451,6 +506,11 @@ class Eagle3DraftModel(nn.Module):
         c = self.config = config
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
+        if c.norm_before_fc:
+            self.input_norm = RMSNorm(c.n_aux * c.target_hidden_size, c.rms_norm_eps)
+        if c.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps)
+                                         for _ in range(c.n_aux))
         self.fc = nn.Linear(c.n_aux * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -462,12 +522,26 @@ class Eagle3DraftModel(nn.Module):
         self.rotary = DraftRotaryEmbedding(c.rotary_config())
 
     def fuse_aux(self, aux_hidden: torch.Tensor) -> torch.Tensor:
-        """aux [B, T, n_aux*Ht] -> h [B, T, H] (step 0's feature input)."""
-        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+        """aux [B, T, n_aux*Ht] -> h [B, T, H] (step 0's feature input): ``input_norm`` over
+        the whole concatenation (``norm_before_fc``), then ``fc_norm[i]`` on each aux chunk
+        (``fc_norm``), then ``fc`` (vLLM ``combine_hidden_states``, in this order)."""
+        a = aux_hidden.to(self.fc.weight.dtype)
+        if self.config.norm_before_fc:
+            a = self.input_norm(a)
+        if self.config.fc_norm:
+            chunks = a.chunk(self.config.n_aux, dim=-1)  # n_aux x [B, T, Ht]
+            a = torch.cat([norm(x) for norm, x in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(a)
 
     def logits(self, prenorm: torch.Tensor) -> torch.Tensor:
         """prenorm [B, T, H] -> draft-vocab logits [B, T, K]."""
         return self.lm_head(self.norm(prenorm))
+
+    def feedback(self, prenorm: torch.Tensor) -> torch.Tensor:
+        """prenorm [B, T, H] -> the hidden state fed to the next draft step [B, T, H]:
+        ``norm(prenorm)`` with ``norm_output`` (EAGLE-3.1), else ``prenorm`` (EAGLE-3). vLLM
+        ``llama_eagle3.py`` returns it as the aux output the proposer feeds back."""
+        return self.norm(prenorm) if self.config.norm_output else prenorm
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocab ids -> verifier-vocab ids (``id + d2t[id]``), any shape, int64."""
@@ -478,7 +552,7 @@ class Eagle3DraftModel(nn.Module):
         """One training-time-test step over all T columns at once.
 
         input_ids [B, T] int64 (token at column t for this step), hidden [B, T, H] (``fuse_aux``
-        output at step 0, the previous step's prenorm output after), position_ids [B, T]
+        output at step 0, :meth:`feedback` of the previous step's output after), position_ids [B, T]
         (``t + step``), ``history``: (k, v) of the earlier steps, each [B, kvh, T, d]; the new
         step's (k, v) is appended to it. Right padding needs no mask: a valid query never
         sees a later (pad) column. Returns prenorm [B, T, H]; ``logits(prenorm)`` gives [B, T, K].

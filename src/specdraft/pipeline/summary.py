@@ -17,18 +17,24 @@ KNOWN_HF_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
 def serve_commands(export_dir: str, verifier: str, k: int = 3, topk: int = 1,
-                   num_draft_tokens: int | None = None) -> list[str]:
-    """The command lines to serve the exported drafter: vLLM and SGLang for a chain of ``k``
-    drafts (``topk`` 1); SGLang alone for a tree (vLLM 0.32 drafts chains only). Flags from
-    the engines' docs, see docs/run-dir.md and docs/trees-and-serve-plan.md."""
-    sglang = (f"python -m sglang.launch_server --model-path {verifier} "
-              f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {export_dir} "
-              f"--speculative-num-steps {k} --speculative-eagle-topk {topk} "
-              f"--speculative-num-draft-tokens {num_draft_tokens or k + 1}")
-    if topk > 1:
-        return [sglang]
-    spec = json.dumps({"method": "eagle3", "model": export_dir, "num_speculative_tokens": k})
-    return [f"vllm serve {verifier} --speculative-config '{spec}'", sglang]
+                   num_draft_tokens: int | None = None, fmt: str = "sglang") -> list[str]:
+    """The command lines to serve the exported drafter: vLLM for a chain of ``k`` drafts
+    (``topk`` 1; vLLM 0.32 drafts chains only) and SGLang for a chain or a tree, but only for
+    the ``sglang`` export format, the one SGLang loads (docs/drafters.md). Empty when no engine
+    serves that combination (a tree of a vllm-format drafter). Flags from the engines' docs,
+    see docs/run-dir.md and docs/trees-and-serve-plan.md."""
+    commands = []
+    if topk == 1:
+        spec = json.dumps({"method": "eagle3", "model": export_dir,
+                           "num_speculative_tokens": k})
+        commands.append(f"vllm serve {verifier} --speculative-config '{spec}'")
+    if fmt == "sglang":
+        commands.append(
+            f"python -m sglang.launch_server --model-path {verifier} "
+            f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {export_dir} "
+            f"--speculative-num-steps {k} --speculative-eagle-topk {topk} "
+            f"--speculative-num-draft-tokens {num_draft_tokens or k + 1}")
+    return commands
 
 
 def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
@@ -45,12 +51,13 @@ def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
         if verifier.endswith(".gguf"):
             verifier = "<the verifier's HF id or directory>"
         out = str(Path(export.out).resolve())
-        lines += _serve_lines(config.stages.get("eval"), manifests.get("eval"), out, verifier)
+        lines += _serve_lines(config.stages.get("eval"), manifests.get("eval"), out, verifier,
+                              export.format)
     return "\n".join(lines)
 
 
 def _serve_lines(eval_config: Any, eval_manifest: Manifest | None, out: str,
-                 verifier: str) -> list[str]:
+                 verifier: str, fmt: str) -> list[str]:
     """How to serve: the serve plan's best setting when eval ran a --sweep, else the setting
     eval measured (a chain of k, or its SGLang tree)."""
     from specdraft.eval.shapes import Setting
@@ -65,4 +72,8 @@ def _serve_lines(eval_config: Any, eval_manifest: Manifest | None, out: str,
         setting = Setting(getattr(eval_config, "k", 3), getattr(eval_config, "topk", 1),
                           getattr(eval_config, "num_draft_tokens", None))
         head = f"Serve the drafter ({setting.label}, as evaluated):"
-    return [head] + [f"  {c}" for c in setting.serve_commands(out, verifier)]
+    commands = setting.serve_commands(out, verifier, fmt)
+    if not commands:
+        return [head, f"  no engine serves it: a tree needs SGLang, which loads only "
+                      f"--format sglang exports (docs/drafters.md)"]
+    return [head] + [f"  {c}" for c in commands]

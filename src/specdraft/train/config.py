@@ -70,6 +70,16 @@ class TrainConfig(StageConfig):
     norm_before_residual: bool = Field(False, description="Take the residual after the hidden "
                                                           "norm (written to the exported "
                                                           "config).")
+    norm_before_fc: bool = Field(False, description="EAGLE-3.1: one RMSNorm over the "
+                                                    "concatenated aux features before fc.")
+    fc_norm: bool = Field(False, description="EAGLE-3.1: one RMSNorm per aux feature before "
+                                             "fc.")
+    norm_output: bool = Field(False, description="EAGLE-3.1: feed the next draft step the "
+                                                 "normed output instead of the prenorm one.")
+    drafter_layer: Literal["llama", "qwen3", "auto"] = Field(
+        "llama", description="Drafter decoder layer: llama (reference EAGLE-3; every format "
+                             "serves it), qwen3 (q/k norms; vLLM only) or auto (qwen3 for "
+                             "Qwen3 verifiers, llama otherwise; docs/drafters.md).")
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="Data parallelism under "
                                                                 "torchrun.")
     device: str | None = Field(None, description="cpu, cuda, cuda:1 (none: cuda:LOCAL_RANK when "

@@ -184,8 +184,8 @@ class TTTObjective(nn.Module):
 
         The draft-vocab head (the largest matmul, ``[., H] x [H, K]``) and the loss run only on
         the supervised columns of each step, gathered: the other columns' logits are neither in
-        the loss nor in the hit counts, and the next step is fed the prenorm state of every
-        column, not the logits. Equal to computing them everywhere and masking (the same
+        the loss nor in the hit counts, and the next step is fed :meth:`feedback` of every
+        column's prenorm state, not the logits. Equal to computing them everywhere and masking (the same
         per-column values; sums in another order, so equal up to float rounding).
         """
         m = self.drafter
@@ -201,10 +201,11 @@ class TTTObjective(nn.Module):
         loss_sum, hits, sups = [], [], []
         for k in range(self.steps):
             ids = shift(batch.input_ids, k, L)  # [B, L] token x_{t+1+k}
-            hidden = m.ttt_step(ids, hidden, cols + k, history)  # [B, L, H]
+            prenorm = m.ttt_step(ids, hidden, cols + k, history)  # [B, L, H]
+            hidden = m.feedback(prenorm)  # [B, L, H] the next step's input (norm_output)
             sup = shift(batch.sup, k, L, False)  # [B, L]
             b, t = sup.nonzero(as_tuple=True)  # [N] supervised columns; position p = t+1+k
-            logits = m.logits(hidden[b, t])  # [N, K]
+            logits = m.logits(prenorm[b, t])  # [N, K]
             label = batch.label[b, t + 1 + k]  # [N]
             mask = self.loss_mask(torch.ones_like(label, dtype=torch.bool), label)  # [N]
             if self.align_topk:

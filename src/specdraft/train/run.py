@@ -20,7 +20,8 @@ from specdraft.core.errors import ConfigError, InputError, SpecdraftError
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
-from specdraft.models.eagle3 import AUX_CONVENTION, Eagle3Config, Eagle3DraftModel
+from specdraft.models.eagle3 import AUX_CONVENTION, Eagle3Config, Eagle3DraftModel, \
+    default_draft_layer
 from specdraft.train.config import TrainConfig
 from specdraft.train.data import Collator, row_lengths, split_indices
 from specdraft.train.distributed import DistEnv, barrier, init_distributed, shutdown, wrap
@@ -136,7 +137,9 @@ def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
     config = Eagle3Config.from_profile(
         profile, draft_vocab_size=d2t.numel(), aux_layer_ids=tuple(source.aux_layer_ids),
         attn_impl=cfg.attn_impl, norm_before_residual=cfg.norm_before_residual,
-        verifier_identity=identity)
+        norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm, norm_output=cfg.norm_output,
+        draft_layer=default_draft_layer(profile.model_type) if cfg.drafter_layer == "auto"
+        else cfg.drafter_layer, verifier_identity=identity)
     if source.hidden_size != config.target_hidden_size or t2d.numel() != config.vocab_size:
         raise InputError(f"verifier hidden/vocab {config.target_hidden_size}/"
                          f"{config.vocab_size} but source hidden {source.hidden_size}, "
