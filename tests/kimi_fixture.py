@@ -4,7 +4,7 @@ downloaded): the text model of Kimi-K2.5 is DeepSeek-V3's layout, so this is a D
 - MLA with the widths vLLM 0.32's CPU MLA backend runs: ``kv_lora_rank`` 512 + ``qk_rope_head_dim``
   64 = the latent width 576 its decode kernel supports
   (``vllm/v1/attention/backends/mla/cpu_mla.py``), ``qk_nope_head_dim`` 32, ``v_head_dim`` 32,
-  a low-rank query (``q_lora_rank`` 32); rotary interleaved (``rope_interleave``), as DeepSeek ships;
+  a low-rank query (``q_lora_rank`` 32); rotary interleaved (``rope_interleave``), as shipped;
 - YaRN rotary as Kimi-K2 ships it (``rope_theta`` 50000, factor 32 over 4096 positions,
   ``beta_fast`` = ``beta_slow`` = 1, ``mscale`` = ``mscale_all_dim`` = 1: the attention scale is
   multiplied by ``(0.1·ln 32 + 1)²``);
@@ -15,8 +15,10 @@ downloaded): the text model of Kimi-K2.5 is DeepSeek-V3's layout, so this is a D
   ``topk_method: noaux_tc``: transformers' DeepseekV3 always routes that way, vLLM reads the keys
   and defaults to softmax without them (a silent disagreement; specdraft refuses such a config,
   ``specdraft.core.profile.check_engine_routing``);
-- a thinking chat template whose answers start with ``<think>`` (``<think>``/``</think>`` special
-  tokens: the ``think_tokenizer_dir`` fixture of ``tests/conftest.py``).
+- a thinking chat template (:data:`KIMI_THINK_TEMPLATE`): the generation prompt opens
+  ``<think>\n``, so every answer starts inside its reasoning, as DeepSeek-R1 and Kimi's thinking
+  models answer (``<think>``/``</think>`` are special tokens: the ``think_tokenizer_dir`` fixture
+  of ``tests/conftest.py``, SmolLM2's tokenizer plus the two).
 
 Architecture name: ``DeepseekV3ForCausalLM`` with ``model_type`` ``deepseek_v3``. Kimi-K2.5's own
 class (``KimiK25ForConditionalGeneration``) always declares a vision tower; Kimi-K2's text
@@ -28,7 +30,6 @@ exactly as ``deepseek_v3``.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,27 @@ KIMI_YARN = {"rope_type": "yarn", "rope_theta": 50000.0, "factor": 32.0,
              "mscale": 1.0, "mscale_all_dim": 1.0}
 LAYERS = 4
 HIDDEN = 64
+
+# Our own text: the reasoning of assistant turns after the last user message is rendered as
+# "<think>\n{reasoning}\n</think>\n\n{answer}"; the generation prompt ends inside "<think>\n"
+# (so the server's prompt_token_ids end with it and the completion starts with the reasoning).
+KIMI_THINK_TEMPLATE = (
+    "{%- set st = namespace(q=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set st.q = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\n' -}}"
+    "{%- if loop.index0 > st.q -%}"
+    "{{- '<think>\n' + (m.reasoning_content or '') | trim + '\n</think>\n\n' -}}"
+    "{%- endif -%}"
+    "{{- m.content + '<|im_end|>\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n<think>\n' -}}{%- endif -%}"
+)
 
 
 def kimi_config(vocab_size: int, **token_ids: Any) -> Any:
@@ -64,10 +86,13 @@ def kimi_config(vocab_size: int, **token_ids: Any) -> Any:
 @torch.no_grad()
 def make_kimi_verifier(out: Path, tokenizer_dir: Path, *, seed: int = 0) -> Path:
     """Save the fixture (fp32 weights, every RMSNorm gain and the routers' correction bias
-    random) with the tokenizer of ``tokenizer_dir`` under ``out``; returns ``out``."""
+    random) with the tokenizer of ``tokenizer_dir`` (which must hold ``<think>`` and
+    ``</think>``) and :data:`KIMI_THINK_TEMPLATE` under ``out``; returns ``out``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    assert tok.convert_tokens_to_ids(["<think>", "</think>"]) == [len(tok) - 2, len(tok) - 1]
+    tok.chat_template = KIMI_THINK_TEMPLATE
     torch.manual_seed(seed)
     config = kimi_config(len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)
@@ -82,7 +107,5 @@ def make_kimi_verifier(out: Path, tokenizer_dir: Path, *, seed: int = 0) -> Path
         if name.endswith("e_score_correction_bias"):
             p.copy_(torch.randn_like(p) * 0.5)
     model.save_pretrained(out)
-    for f in Path(tokenizer_dir).iterdir():
-        if f.is_file():
-            shutil.copy(f, out / f.name)
+    tok.save_pretrained(out)
     return out

@@ -100,7 +100,8 @@ def check_engine_routing(config: dict[str, Any], source: str) -> None:
                 f"{'/'.join(ENGINE_ROUTING[model_type].values())} but vLLM reads {key} from "
                 f"config.json (default softmax scoring, no correction bias), so the engine would "
                 f"route tokens to other experts than the model extract/eval compare it with; "
-                f'add "{key}": "{want}" to the config (DeepSeek-V3 and Kimi-K2 checkpoints ship it)')
+                f'add "{key}": "{want}" to the config (DeepSeek-V3 and Kimi-K2 checkpoints '
+                f"ship it)")
 
 
 class _Frozen(BaseModel):
