@@ -62,7 +62,7 @@ def test_routing_keys_refused_when_missing_or_different(tmp_path, kimi_verifier,
         engine_hf_dir(str(bad), tmp_path)
     msg = str(err.value)
     assert str(bad / "config.json") in msg and f"has {key} {json.dumps(value)}" in msg
-    assert "vLLM reads" in msg and "add" in msg
+    assert "vLLM then" in msg and f"add \"{key}\"" in msg
 
 
 def test_kimi_k25_text_config_is_checked(tmp_path, kimi_verifier):

@@ -76,11 +76,17 @@ _N_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 # model_type -> the MoE routing keys an engine must read from config.json to route as transformers
 # does. transformers 5.24's DeepseekV3 router always scores experts with a sigmoid and picks the
 # top-k of ``score + e_score_correction_bias`` (``modeling_deepseek_v3.DeepseekV3TopkRouter``);
-# vLLM 0.32 reads ``scoring_func`` (default ``"softmax"``) and loads the correction bias only
-# when ``topk_method == "noaux_tc"`` (``model_executor/models/deepseek_v2.py``), so a config
-# without these keys routes to other experts in the engine, silently.
+# vLLM 0.32 reads both keys (``model_executor/models/deepseek_v2.py``): measured on the
+# tests/kimi_fixture.py verifier, without ``scoring_func`` it scores with softmax and its hidden
+# states silently leave transformers', without ``topk_method: noaux_tc`` it fails to load the
+# checkpoint's correction bias (``KeyError: ...e_score_correction_bias``).
 ENGINE_ROUTING: dict[str, dict[str, str]] = {
     t: {"scoring_func": "sigmoid", "topk_method": "noaux_tc"} for t in ("deepseek_v3", "kimi_k2")}
+_ROUTING_WITHOUT = {
+    "scoring_func": "vLLM then scores experts with softmax (its default) and routes tokens to "
+                    "other experts, silently",
+    "topk_method": "vLLM then has no e_score_correction_bias and fails to load the checkpoint's",
+}
 
 
 def check_engine_routing(config: dict[str, Any], source: str) -> None:
@@ -96,10 +102,8 @@ def check_engine_routing(config: dict[str, Any], source: str) -> None:
         if got != want:
             raise ConfigError(
                 f"{source}: model_type {model_type} has {key} {json.dumps(got)}, expected "
-                f"{json.dumps(want)}: transformers routes this family's experts with "
-                f"{'/'.join(ENGINE_ROUTING[model_type].values())} but vLLM reads {key} from "
-                f"config.json (default softmax scoring, no correction bias), so the engine would "
-                f"route tokens to other experts than the model extract/eval compare it with; "
+                f"{json.dumps(want)}: transformers routes this family's experts by sigmoid "
+                f"scores plus the correction bias, and {_ROUTING_WITHOUT[key]}; "
                 f'add "{key}": "{want}" to the config (DeepSeek-V3 and Kimi-K2 checkpoints '
                 f"ship it)")
 
