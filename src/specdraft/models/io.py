@@ -31,6 +31,16 @@ def save_drafter(model: Eagle3DraftModel, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
+def drafter_from_dict(d: dict) -> Eagle3DraftModel:
+    """A fresh drafter of the kind its config dict describes: the MLA drafter
+    (:mod:`specdraft.models.eagle3_mla`) when it holds ``kv_lora_rank``, else the Llama-layer one."""
+    if "kv_lora_rank" in d:
+        from specdraft.models.eagle3_mla import Eagle3MLAConfig, Eagle3MLADraftModel
+
+        return Eagle3MLADraftModel(Eagle3MLAConfig.from_dict(d))
+    return Eagle3DraftModel(Eagle3Config.from_dict(d))
+
+
 def load_drafter(path: str | Path, *, device: str = "cpu",
                  dtype: torch.dtype = torch.float32) -> Eagle3DraftModel:
     """Load a drafter directory written by :func:`save_drafter` (strict: no missing or extra key).
@@ -41,7 +51,6 @@ def load_drafter(path: str | Path, *, device: str = "cpu",
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).exists():
             raise FileNotFoundError(f"{path / name} not found: not a specdraft drafter directory")
-    config = Eagle3Config.from_dict(json.loads((path / CONFIG_FILE).read_text()))
-    model = Eagle3DraftModel(config)
+    model = drafter_from_dict(json.loads((path / CONFIG_FILE).read_text()))
     model.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=True)
     return model.to(device=device, dtype=dtype).eval()

@@ -67,6 +67,10 @@ class TrainConfig(StageConfig):
         "fused", description="TTT attention: fused (the fused causal kernel plus per-step "
                              "diagonal terms; CPU, split elsewhere), split (explicit scores) or "
                              "dense (one masked SDPA).")
+    drafter: Literal["llama", "mla"] = Field(
+        "llama", description="Draft layer: llama (the EAGLE-3 Llama layer every engine serves) or "
+                             "mla (multi-head latent attention for MLA verifiers: vLLM's "
+                             "Eagle3DeepseekV2ForCausalLM).")
     norm_before_residual: bool = Field(False, description="Take the residual after the hidden "
                                                           "norm (written to the exported "
                                                           "config).")
