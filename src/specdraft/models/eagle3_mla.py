@@ -170,3 +170,34 @@ class Eagle3MLADraftModel(Eagle3DraftModel):
         super().__init__(config)
         self.midlayer.self_attn = MLAAttention(config)
         self.rotary = DeepseekV3RotaryEmbedding(config.deepseek_config())
+
+
+def vllm_checkpoint(model: Eagle3MLADraftModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(``config.json``, tensors) in the layout vLLM 0.32 loads as ``Eagle3DeepseekV2ForCausalLM``
+    (``deepseek_eagle3.py``): ``model_type`` :data:`MLA_MODEL_TYPE`, one layer, the MLA widths,
+    the rope as ``rope_parameters``, aux ids top-level and under ``eagle_config`` (HF numbering =
+    vLLM's), ``d2t`` and the frozen embedding; ``t2d`` is dropped (the loader skips it). Tensor
+    names are the checkpoint's own (the loader renames ``midlayer.`` itself).
+
+    Served by the real engine in ``tests/engine/test_kimi_mla_drafter.py``; ``specdraft export``
+    does not write this layout yet (its checks know the Llama layer only)."""
+    c = model.config
+    rope = c.rope_parameters()
+    ids = list(c.aux_layer_ids)
+    config = {
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": MLA_MODEL_TYPE,
+        "hidden_size": c.hidden_size, "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": 1,
+        "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
+        "hidden_act": c.hidden_act, "q_lora_rank": c.q_lora_rank, "kv_lora_rank": c.kv_lora_rank,
+        "qk_nope_head_dim": c.qk_nope_head_dim, "qk_rope_head_dim": c.qk_rope_head_dim,
+        "v_head_dim": c.v_head_dim, "max_position_embeddings": c.max_position_embeddings,
+        "rope_parameters": rope, "rope_theta": rope["rope_theta"], "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
+        "norm_before_residual": c.norm_before_residual, "tie_word_embeddings": False,
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": ids},
+        "torch_dtype": str(model.fc.weight.dtype).removeprefix("torch.")}
+    tensors = {k: v.detach().cpu().contiguous()
+               for k, v in model.checkpoint_state(include_embed=True).items() if k != "t2d"}
+    return config, tensors
