@@ -94,7 +94,7 @@ class Eagle3MLAConfig(Eagle3Config):
         return cls.from_dict(base)
 
     def deepseek_config(self) -> DeepseekV3Config:
-        """A DeepseekV3Config carrying what the MLA rotary reads (rope over ``qk_rope_head_dim``)."""
+        """A DeepseekV3Config carrying what the MLA rotary reads (rope over the rope dims)."""
         return DeepseekV3Config(
             hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads, q_lora_rank=self.q_lora_rank,

@@ -33,7 +33,7 @@ def save_drafter(model: Eagle3DraftModel, out_dir: str | Path) -> Path:
 
 def drafter_from_dict(d: dict) -> Eagle3DraftModel:
     """A fresh drafter of the kind its config dict describes: the MLA drafter
-    (:mod:`specdraft.models.eagle3_mla`) when it holds ``kv_lora_rank``, else the Llama-layer one."""
+    (:mod:`specdraft.models.eagle3_mla`) when it holds ``kv_lora_rank``, else the Llama layer."""
     if "kv_lora_rank" in d:
         from specdraft.models.eagle3_mla import Eagle3MLAConfig, Eagle3MLADraftModel
 
