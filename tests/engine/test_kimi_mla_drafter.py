@@ -2,8 +2,8 @@
 (``tests/kimi_fixture.py`` with the think tokenizer, saved to disk; eval's worker loads a
 tokenizer), written in the layout vLLM 0.32 loads as
 ``Eagle3DeepseekV2ForCausalLM`` (:func:`specdraft.models.eagle3_mla.vllm_checkpoint`) and served
-by the real engine through eval's own worker (``specdraft.eval.engine``): one worker process, two
-``vllm.LLM`` starts (with the drafter, then without). The engine must load it as that class, its
+by the real engine through eval's own worker (``specdraft.eval.engine``): one worker process, three
+``vllm.LLM`` starts (with the drafter, without, with a planted layout fault). The engine must load it as that class, its
 greedy output must equal decoding without it, and it must accept what it memorised: the drafter
 overfits the verifier's own greedy answers to the same prompts."""
 
@@ -54,10 +54,20 @@ def served(tmp_path_factory, vllm_python, think_tokenizer_dir):
     (root / "export").mkdir()
     (root / "export" / "config.json").write_text(json.dumps(config, indent=2))
     save_file(tensors, str(root / "export" / "model.safetensors"), metadata={"format": "pt"})
+    # planted: kv_a_proj_with_mqa's rows in the other order (rope key first, then the latent),
+    # the split a wrong reading of the layout would write
+    w = tensors["midlayer.self_attn.kv_a_proj_with_mqa.weight"]
+    lat = config["kv_lora_rank"]
+    bad = {**tensors, "midlayer.self_attn.kv_a_proj_with_mqa.weight":
+           torch.cat([w[lat:], w[:lat]]).contiguous()}
+    (root / "planted").mkdir()
+    (root / "planted" / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(bad, str(root / "planted" / "model.safetensors"), metadata={"format": "pt"})
     job = vllm_job(verifier_dir=root / "verifier", drafter_dir=root / "export",
                    prompts=[ids[:PROMPT] for _, ids, _ in corpus], k=K, temperature=0.0,
                    max_tokens=NEW, stop_ids=[], dtype="float32",
-                   extra_runs=[{"name": "plain", "drafter": None, "k": 0}])
+                   extra_runs=[{"name": "plain", "drafter": None, "k": 0},
+                               {"name": "planted", "drafter": str(root / "planted"), "k": K}])
     return run_worker(vllm_python, job, root / "engine", timeout_s=900), root
 
 
@@ -72,3 +82,7 @@ def test_vllm_serves_the_mla_drafter(served):
     fig = figures(spec["counters"])
     print(json.dumps({k: fig[k] for k in ("tau", "acceptance_rate", "per_position")}))
     assert fig["per_position"][0] >= 0.8 and fig["tau"] >= 2.5, fig
+    planted = figures(res["runs"][2]["counters"])
+    print(json.dumps({k: planted[k] for k in ("tau", "acceptance_rate", "per_position")}))
+    assert res["runs"][2]["tokens"] == plain["tokens"]
+    assert planted["tau"] < fig["tau"] - 0.5, (planted, fig)
