@@ -35,6 +35,8 @@ REGENERATE = ("PYTHONPATH=src python -m specdraft.cli._surface > tests/cli/cli_s
 #: Flags of other programs that specdraft's messages and docs name, with where they belong.
 OTHER_PROGRAMS = {
     "--speculative-config": "vllm serve",
+    "--reasoning-parser": "vllm serve (docs/kimi-job.md)",
+    "--reasoning-config": "vllm serve (docs/kimi-job.md)",
     "--model-path": "sglang.launch_server",
     "--speculative-algorithm": "sglang.launch_server",
     "--speculative-draft-model-path": "sglang.launch_server",

@@ -73,6 +73,40 @@ MOE_LAYOUT: dict[str, Literal["dense", "per_expert"]] = {
 }
 _N_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
+# model_type -> the MoE routing keys an engine must read from config.json to route as transformers
+# does. transformers 5.24's DeepseekV3 router always scores experts with a sigmoid and picks the
+# top-k of ``score + e_score_correction_bias`` (``modeling_deepseek_v3.DeepseekV3TopkRouter``);
+# vLLM 0.32 reads both keys (``model_executor/models/deepseek_v2.py``): measured on the
+# tests/kimi_fixture.py verifier, without ``scoring_func`` it scores with softmax and its hidden
+# states silently leave transformers', without ``topk_method: noaux_tc`` it fails to load the
+# checkpoint's correction bias (``KeyError: ...e_score_correction_bias``).
+ENGINE_ROUTING: dict[str, dict[str, str]] = {
+    t: {"scoring_func": "sigmoid", "topk_method": "noaux_tc"} for t in ("deepseek_v3", "kimi_k2")}
+_ROUTING_WITHOUT = {
+    "scoring_func": "vLLM then scores experts with softmax (its default) and routes tokens to "
+                    "other experts, silently",
+    "topk_method": "vLLM then has no e_score_correction_bias and fails to load the checkpoint's",
+}
+
+
+def check_engine_routing(config: dict[str, Any], source: str) -> None:
+    """Refuse a verifier config an engine would route differently from transformers.
+
+    ``config``: the verifier's ``config.json`` as a dict (a VL model's ``text_config`` merged
+    over it); ``source``: the file named in the message. Raises :class:`ConfigError` naming the
+    first routing key of :data:`ENGINE_ROUTING` that is missing or has another value.
+    """
+    model_type = str(config.get("model_type", ""))
+    for key, want in ENGINE_ROUTING.get(model_type, {}).items():
+        got = config.get(key)
+        if got != want:
+            raise ConfigError(
+                f"{source}: model_type {model_type} has {key} {json.dumps(got)}, expected "
+                f"{json.dumps(want)}: transformers routes this family's experts by sigmoid "
+                f"scores plus the correction bias, and {_ROUTING_WITHOUT[key]}; "
+                f'add "{key}": "{want}" to the config (DeepSeek-V3 and Kimi-K2 checkpoints '
+                f"ship it)")
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -251,17 +251,36 @@ ENGINE_HF_DIR = "verifier-hf"  # RUN/verifier-hf: the one converted copy every e
 def engine_hf_dir(verifier: str, run_dir: str | os.PathLike) -> Path:
     """The verifier as an HF directory an engine can load (vLLM, SGLang): an HF directory as is,
     a GGUF converted once into ``RUN/verifier-hf`` (:func:`gguf_to_hf_dir`, cached by the GGUF's
-    size and mtime), shared by ``extract --backend vllm`` and ``eval --engine``."""
+    size and mtime), shared by ``extract --backend vllm`` and ``eval --engine``.
+
+    Raises :class:`ConfigError` for a config the engine would route differently from
+    transformers (:func:`specdraft.core.profile.check_engine_routing`), before the engine starts.
+    """
     import sys
 
     directory, gguf_file = resolve_verifier(verifier)
     if gguf_file is None:
+        check_engine_config(Path(directory))
         return Path(directory)
     cache = Path(run_dir) / ENGINE_HF_DIR
     if not (cache / "gguf_source.json").exists():
         print(f"converting the GGUF verifier to an HF directory for the engine: {cache}",
               file=sys.stderr)
     return gguf_to_hf_dir(Path(directory) / gguf_file, cache)
+
+
+def check_engine_config(hf_dir: Path) -> None:
+    """The engine-facing checks of ``hf_dir/config.json`` (a VL model's ``text_config`` merged
+    over it): the MoE routing keys (:func:`specdraft.core.profile.check_engine_routing`)."""
+    import json
+
+    from specdraft.core.profile import check_engine_routing
+
+    path = hf_dir / "config.json"
+    if not path.exists():
+        return  # the engine's own loader names the missing file
+    config = json.loads(path.read_text(encoding="utf-8"))
+    check_engine_routing({**config, **(config.get("text_config") or {})}, str(path))
 
 
 VLLM_PYTHON_ENV = "SPECDRAFT_VLLM_PYTHON"

@@ -275,7 +275,22 @@ def engine_failure(log: Path, rc: int) -> str:
               if "Error" in ln.split(":")[0] or "Exception" in ln.split(":")[0]
               or ln.split("]: ")[-1].split(":")[0].endswith(("Error", "Exception"))]
     last = errors[-1] if errors else (lines[-1].strip() if lines else "no output")
+    known = next((what for sign, what in KNOWN_ENGINE_ERRORS.items() if sign in last), None)
+    if known:
+        return f"{known} (vLLM engine exited with status {rc}: {last}; full log: {log})"
     return f"vLLM engine exited with status {rc}: {last} (full log: {log})"
+
+
+#: Engine error lines that have a cause a user can act on -> that cause, said first.
+KNOWN_ENGINE_ERRORS = {
+    # vLLM 0.32 example_hidden_states_connector.py ``_find_cache_kv_group_id``: the capture reads
+    # the hidden states out of their own KV-cache group; when the engine merges that group with
+    # the verifier's attention layers (a cache layout it cannot isolate), it stops here.
+    "Could not uniquely identify the extract-hidden-states KV cache group": (
+        "the verifier's KV-cache layout is one vLLM's hidden-state capture cannot read: the "
+        "engine did not give the captured states a KV-cache group of their own; extract this "
+        "verifier with --backend transformers"),
+}
 
 
 def _ready_rows(spool: Path) -> list[int]:

@@ -110,6 +110,9 @@ class Eagle3Config:
             raise ValueError(f"attn_impl {self.attn_impl!r} not in {sorted(TTT_ATTENTION)}")
         if self.draft_layer not in DRAFT_LAYERS:
             raise ValueError(f"draft_layer {self.draft_layer!r} not in {list(DRAFT_LAYERS)}")
+        if (self.draft_layer == "mla") != hasattr(self, "kv_lora_rank"):
+            raise ValueError("draft_layer 'mla' comes with the MLA widths (kv_lora_rank, "
+                             "qk_nope_head_dim, qk_rope_head_dim, v_head_dim), and only with it")
         if self.hidden_act != "silu":
             raise ValueError(f"hidden_act {self.hidden_act!r}: only silu is implemented")
         if not 0.0 < self.partial_rotary_factor <= 1.0 or self.rotary_dim % 2:
@@ -207,8 +210,10 @@ class Eagle3Config:
 
 
 # Decoder-layer kinds of the drafter: the value of ``Eagle3Config.draft_layer`` -> whether the
-# attention has per-head q/k RMSNorms (the only difference between the two; module docstring).
-DRAFT_LAYERS: dict[str, bool] = {"llama": False, "qwen3": True}
+# attention has per-head q/k RMSNorms (the only difference between llama and qwen3; module
+# docstring). ``mla`` is multi-head latent attention, built only from the MLA widths of
+# :class:`specdraft.models.eagle3_mla.Eagle3MLAConfig`.
+DRAFT_LAYERS: dict[str, bool] = {"llama": False, "qwen3": True, "mla": False}
 
 # The fields of Eagle3Config that change what the drafter computes (not its shape), each written
 # explicitly by every export (specdraft.export.formats) and read back by specdraft.export.reader.

@@ -34,6 +34,17 @@ def save_drafter(model: Eagle3DraftModel, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
+def drafter_from_dict(d: dict) -> Eagle3DraftModel:
+    """A fresh drafter of the kind its config dict describes: the MLA drafter
+    (:mod:`specdraft.models.eagle3_mla`) when it holds ``kv_lora_rank`` or ``draft_layer``
+    ``mla``, else the Llama/Qwen3 layer. Raises TypeError/ValueError on an invalid config."""
+    if "kv_lora_rank" in d or d.get("draft_layer") == "mla":
+        from specdraft.models.eagle3_mla import Eagle3MLAConfig, Eagle3MLADraftModel
+
+        return Eagle3MLADraftModel(Eagle3MLAConfig.from_dict(d))
+    return Eagle3DraftModel(Eagle3Config.from_dict(d))
+
+
 def load_drafter(path: str | Path, *, device: str = "cpu",
                  dtype: torch.dtype = torch.float32) -> Eagle3DraftModel:
     """Load a drafter directory written by :func:`save_drafter` (strict: no missing or extra key).
@@ -48,7 +59,7 @@ def load_drafter(path: str | Path, *, device: str = "cpu",
             raise FileNotFoundError(f"{path / name} not found: not a specdraft drafter directory")
     raw = read_json(path / CONFIG_FILE, what="drafter config")
     try:
-        config = Eagle3Config.from_dict(raw)
+        model = drafter_from_dict(raw)
     except (TypeError, ValueError, AttributeError) as err:
         raise InputError(f"{path / CONFIG_FILE}: not a valid drafter config "
                          f"({clip(str(err), 200)})") from None
@@ -57,6 +68,5 @@ def load_drafter(path: str | Path, *, device: str = "cpu",
     except (SafetensorError, OSError, ValueError) as err:
         raise InputError(f"{path / WEIGHTS_FILE}: not a readable safetensors file (cut short or "
                          f"corrupt: {err})") from None
-    model = Eagle3DraftModel(config)
     model.load_state_dict(state, strict=True)
     return model.to(device=device, dtype=dtype).eval()

@@ -76,10 +76,12 @@ class TrainConfig(StageConfig):
                                              "fc.")
     norm_output: bool = Field(False, description="EAGLE-3.1: feed the next draft step the "
                                                  "normed output instead of the prenorm one.")
-    drafter_layer: Literal["llama", "qwen3", "auto"] = Field(
+    drafter_layer: Literal["llama", "qwen3", "mla", "auto"] = Field(
         "llama", description="Drafter decoder layer: llama (reference EAGLE-3; every format "
-                             "serves it), qwen3 (q/k norms; vLLM only) or auto (qwen3 for "
-                             "Qwen3 verifiers, llama otherwise; docs/drafters.md).")
+                             "serves it), qwen3 (q/k norms; vLLM only), mla (multi-head latent "
+                             "attention for MLA verifiers: vLLM's Eagle3DeepseekV2ForCausalLM) "
+                             "or auto (qwen3 for Qwen3 verifiers, llama otherwise; "
+                             "docs/drafters.md).")
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="Data parallelism under "
                                                                 "torchrun.")
     device: str | None = Field(None, description="cpu, cuda, cuda:1 (none: cuda:LOCAL_RANK when "

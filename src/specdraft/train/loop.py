@@ -223,7 +223,7 @@ class Trainer:
             return self.objective.drafter, optim_state
         if not self.env.is_main:  # full FSDP states are materialised on rank 0 only
             return None, optim_state
-        drafter = Eagle3DraftModel(self.objective.drafter.config)
+        drafter = type(self.objective.drafter)(self.objective.drafter.config)
         state = {k.removeprefix("drafter."): v for k, v in model_state.items()}
         missing, unexpected = drafter.load_state_dict(state, strict=False)
         if missing or unexpected:

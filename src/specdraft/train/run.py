@@ -22,6 +22,7 @@ from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
 from specdraft.models.eagle3 import AUX_CONVENTION, Eagle3Config, Eagle3DraftModel, \
     default_draft_layer
+from specdraft.models.io import drafter_from_dict
 from specdraft.train.config import TrainConfig
 from specdraft.train.data import Collator, row_lengths, split_indices
 from specdraft.train.distributed import DistEnv, barrier, init_distributed, shutdown, wrap
@@ -134,18 +135,22 @@ def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
     ``random`` keeps ``nn.Linear``'s init. Measured on the quality benchmark (docs/benchmarks.md "Quality").
 
     Raises :class:`InputError` when the source's hidden size or vocab size disagree."""
-    config = Eagle3Config.from_profile(
+    layer = (default_draft_layer(profile.model_type) if cfg.drafter_layer == "auto"
+             else cfg.drafter_layer)
+    kind = Eagle3Config
+    if layer == "mla":  # --drafter-layer mla: the MLA layer (models/eagle3_mla.py)
+        from specdraft.models.eagle3_mla import Eagle3MLAConfig as kind
+    config = kind.from_profile(
         profile, draft_vocab_size=d2t.numel(), aux_layer_ids=tuple(source.aux_layer_ids),
         attn_impl=cfg.attn_impl, norm_before_residual=cfg.norm_before_residual,
         norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm, norm_output=cfg.norm_output,
-        draft_layer=default_draft_layer(profile.model_type) if cfg.drafter_layer == "auto"
-        else cfg.drafter_layer, verifier_identity=identity)
+        draft_layer=layer, verifier_identity=identity)
     if source.hidden_size != config.target_hidden_size or t2d.numel() != config.vocab_size:
         raise InputError(f"verifier hidden/vocab {config.target_hidden_size}/"
                          f"{config.vocab_size} but source hidden {source.hidden_size}, "
                          f"t2d over {t2d.numel()} ids")
     torch.manual_seed(cfg.seed)
-    model = Eagle3DraftModel(config)
+    model = drafter_from_dict(config.to_dict())
     with torch.no_grad():
         model.embed_tokens.weight.copy_(head["embed_tokens.weight"].float())
         model.d2t.copy_(d2t)
