@@ -89,8 +89,12 @@ def test_manifest_counts_add_up(faulted):
 
 
 def test_the_load_reached_the_server(faulted):
-    """vLLM's engine held many requests at once (its own running + waiting gauges, sampled
-    every 0.1 s). Not all 64: requests still in vLLM's HTTP front end, in flight on the
-    wire, waiting out a retry delay or at the failing endpoint are not in these gauges; the
-    peaks seen on the shared 2-core machine were 31 to 42."""
-    assert faulted["peak_load"] >= 16, faulted["peak_load"]
+    """generate posted many requests to vLLM at once (the manifest's peak_in_flight: sent, not
+    yet answered). Not all 64: the rest were at the failing endpoint or waiting out a retry
+    delay. vLLM's own running/waiting gauges are no witness here: its API server answers
+    /metrics only between bursts, and the tiny model answers a burst of 64 within one (the
+    LoadGauge of bench_generate_server.py read 0 on a quiet machine, 31 to 42 on a busy one)."""
+    m = faulted["manifest"]
+    vllm_url = m["endpoints"][0].removesuffix("/chat/completions")
+    assert m["peak_in_flight"][vllm_url] >= CONCURRENCY // 2, m["peak_in_flight"]
+    assert max(m["peak_in_flight"].values()) <= CONCURRENCY

@@ -89,6 +89,38 @@ def test_failing_endpoint_is_routed_around(tmp_path):
     assert m["model"] == "loopback-model"  # listed by the good endpoint: the first one fails
 
 
+class BarrierHandler:
+    """Holds every request until ``n`` are held at once (a hang bound of 60 s), counting the
+    most it held: the server's own view of the load."""
+
+    def __init__(self, n):
+        self.n, self.held, self.peak = n, 0, 0
+        self.full = asyncio.Event()
+
+    async def __call__(self, body):
+        self.held += 1
+        self.peak = max(self.peak, self.held)
+        if self.held >= self.n:
+            self.full.set()
+        try:
+            await asyncio.wait_for(self.full.wait(), 60)
+        finally:
+            self.held -= 1
+        return vllm_reply(body)
+
+
+def test_peak_in_flight_is_the_load_the_server_held(tmp_path):
+    """The manifest's peak_in_flight equals the most requests the server held at once: all 8 of
+    --concurrency 8 (planted fault: counting before a pooled client is acquired, or never
+    decrementing, reports more than the server saw)."""
+    server = BarrierHandler(8)
+    with LoopbackServer(server) as url:
+        m = run(_settings(tmp_path, _prompts(tmp_path, 24), [url], concurrency=8),
+                stream=io.StringIO())
+    assert m["counts"]["samples"] == 24
+    assert server.peak == 8 and m["peak_in_flight"] == {url: 8}
+
+
 def test_model_listing_falls_through_to_a_live_endpoint(tmp_path):
     """The first endpoint refuses connections: the model name comes from the second."""
     prompts = _prompts(tmp_path, 3)

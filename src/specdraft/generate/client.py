@@ -123,7 +123,8 @@ class OpenAIBackend:
     ``body_defaults``: fields sent with every request (``max_tokens``, ``temperature``,
     ``chat_template_kwargs``, ``return_token_ids``, extra body fields, ...). ``retries`` counts
     failed attempts by kind, ``retries_by_endpoint`` by endpoint base URL; ``failures`` counts
-    requests that failed for good.
+    requests that failed for good; ``peak_in_flight`` is, per endpoint base URL, the most
+    requests posted to it at once (sent and not yet answered: the load the server was given).
     """
 
     def __init__(self, endpoints: list[str], *, model: str | None,
@@ -140,7 +141,9 @@ class OpenAIBackend:
         self.retries: Counter[str] = Counter()
         self.retries_by_endpoint: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
+        self.peak_in_flight: Counter[str] = Counter()
         self._inflight = {u: 0 for u in self.urls}
+        self._posted = {u: 0 for u in self.urls}
         self._fails = {u: 0 for u in self.urls}  # consecutive failed attempts
         self._down_until = {u: 0.0 for u in self.urls}  # time.monotonic() seconds
         self._rr = itertools.count()
@@ -255,6 +258,9 @@ class OpenAIBackend:
     async def _attempt(self, url: str, payload: bytes, attempt: int) -> TurnOutput:
         self._inflight[url] += 1
         client = await self._acquire()
+        self._posted[url] += 1
+        base = url.removesuffix("/chat/completions")
+        self.peak_in_flight[base] = max(self.peak_in_flight[base], self._posted[url])
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -267,6 +273,7 @@ class OpenAIBackend:
             raise RetryableError("connection", f"{type(err).__name__}: {err}") from None
         finally:
             self._inflight[url] -= 1
+            self._posted[url] -= 1
             self._clients.put_nowait(client)
         return self._to_output(resp, url, attempt, time.perf_counter() - t0)
 

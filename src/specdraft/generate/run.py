@@ -275,6 +275,7 @@ async def _run_openai(todo: list[Prompt], config: GenerateConfig, sink: Sink,
         await _drive([worker() for _ in range(min(config.concurrency, len(todo)))], sink)
     return {"model": model, "endpoints": be.urls, "retries": dict(sorted(be.retries.items())),
             "retries_by_endpoint": dict(sorted(be.retries_by_endpoint.items())),
+            "peak_in_flight": dict(sorted(be.peak_in_flight.items())),
             "failed_requests": dict(sorted(be.failures.items()))}
 
 
