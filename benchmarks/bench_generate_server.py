@@ -302,7 +302,8 @@ def main() -> None:
         m = r["manifest"]
         print(f"killed vLLM after {r['killed_at_samples']} samples on disk; down "
               f"{r['outage_s']:.1f} s (restart {r['restart_s']:.1f} s); peak load on vLLM "
-              f"{r['peak_load']} requests")
+              f"{r['peak_load']} requests (its gauges) and {m['peak_in_flight']} posted at once "
+              f"(generate's manifest)")
         print(f"counts: {m['counts']}\nretries: {m['retries']}\nfailed: {m['failed_requests']}")
         print(f"failing endpoint sent: {r['bad_sent']}")
         print("under faults, whole run:  " + figures(m, r["wall_s"]))
