@@ -92,10 +92,21 @@ def train_peer(run_dir: Path, train_cfg: Any, data: Path, vdir: Path, ratio: flo
     return save / str(epochs[-1])
 
 
+#: The longest context the benchmark evaluates (prompt + new tokens) is far below this; a
+#: sliding window at least this wide computes exactly what full attention does on it.
+EVAL_CONTEXT_BOUND = 2048
+
+
 def eval_ready(ckpt: Path, out: Path) -> Path:
     """``ckpt`` as specdraft's reader takes it: the same tensors, and ``rope_theta`` also at the
     top of ``transformer_layer_config`` when transformers 5 wrote it only inside
-    ``rope_parameters`` (specdraft's reader looks only at the top; vLLM reads either)."""
+    ``rope_parameters`` (specdraft's reader looks only at the top; vLLM reads either).
+
+    speculators 0.9 writes its Llama layer with ``layer_types: ["sliding_attention"]``,
+    ``use_sliding_window: true``, ``sliding_window: 2048``; specdraft's reader refuses a window
+    (it implements full attention only). Within :data:`EVAL_CONTEXT_BOUND` tokens a window that
+    wide is full attention, so the copy says full attention; a narrower window raises
+    ValueError."""
     import shutil
 
     out.mkdir(parents=True, exist_ok=True)
@@ -105,6 +116,13 @@ def eval_ready(ckpt: Path, out: Path) -> Path:
     rope = layer.get("rope_parameters") or {}
     if "rope_theta" not in layer and "rope_theta" in rope:
         layer["rope_theta"] = rope["rope_theta"]
+    if layer.get("use_sliding_window") or "sliding_attention" in (layer.get("layer_types") or []):
+        window = layer.get("sliding_window") or 0
+        if window < EVAL_CONTEXT_BOUND:
+            raise ValueError(f"{ckpt}: sliding_window {window} < {EVAL_CONTEXT_BOUND}: the "
+                             f"benchmark's contexts would leave it")
+        layer.update(use_sliding_window=False,
+                     layer_types=["full_attention"] * len(layer.get("layer_types") or [1]))
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
 

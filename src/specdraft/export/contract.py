@@ -151,7 +151,9 @@ INERT_KEYS = frozenset({
     "problem_type", "return_dict", "transformers_version", "bos_token_id", "eos_token_id",
     "pad_token_id", "initializer_range", "use_cache", "attention_dropout", "embed_requires_grad",
     "speculators_version", "speculators_model_type", "speculators_config",
-    "sliding_window", "max_window_layers"})  # the window matters only via layer_types (below)
+    "sliding_window", "max_window_layers",  # the window matters only via layer_types (below)
+    "auto_map"})  # transformers' remote-code pointer (speculators 0.9 writes one); engines and
+#                   specdraft build the drafter from its architecture, never from that code
 
 # Keys specdraft reads into Eagle3Config (formats.drafter_config_from_export), plus the
 # container keys of the formats.
