@@ -14,13 +14,7 @@ AUX = [2, 3, 4]
 LENGTHS = (5, 17, 9, 30, 3, 12, 8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: one thread is 10-100x faster than two on the shared, loaded cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

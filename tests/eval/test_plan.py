@@ -18,12 +18,7 @@ from specdraft.eval.shapes import CostModel, Setting, parse_sweep
 from specdraft.pipeline.summary import _serve_lines
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_cost_model_by_hand():

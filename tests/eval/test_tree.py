@@ -14,12 +14,7 @@ from specdraft.eval.tree import (TreeEagleDrafter, draft_tree, generate_tree, se
                                  sglang_accept_length, top_indices)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
