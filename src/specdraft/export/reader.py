@@ -78,6 +78,11 @@ def _json_object(path: Path) -> dict[str, Any]:
 def _check_keys(path: Path, raw: dict[str, Any]) -> None:
     """Missing and unknown keys of a specdraft drafter config, named (a renamed key shows as
     both)."""
+    if "kv_lora_rank" in raw or raw.get("draft_layer") == "mla":
+        raise InputError(f"{path}: an MLA drafter (draft_layer mla, kv_lora_rank "
+                         f"{raw.get('kv_lora_rank')}): export, doctor and eval --drafter do not "
+                         f"read the MLA layer yet; vLLM serves the layout "
+                         f"specdraft.models.eagle3_mla.vllm_checkpoint writes (docs/kimi-job.md)")
     known = {f.name for f in fields(Eagle3Config)}
     required = {f.name for f in fields(Eagle3Config)
                 if f.default is MISSING and f.default_factory is MISSING}
