@@ -67,14 +67,21 @@ def verifier_profile(cfg: TrainConfig, verifier: Any, extract_manifest: Any) -> 
 
 
 def verifier_head(verifier: Any, run_dir: Path) -> dict[str, torch.Tensor]:
-    """``{"lm_head.weight": [V, H], "embed_tokens.weight": [V, H]}`` from the loaded verifier,
-    else from ``RUN/extract/verifier_head.safetensors``."""
-    if verifier is not None:
-        return {"lm_head.weight": verifier.get_output_embeddings().weight.detach(),
-                "embed_tokens.weight": verifier.get_input_embeddings().weight.detach()}
-    from specdraft.extract.source import load_verifier_head
+    """``{"lm_head.weight": [V, H], "embed_tokens.weight": [V, H]}`` of the verifier:
+    ``RUN/extract/verifier_head.safetensors`` when extract wrote one, else the loaded verifier's
+    (online training).
 
-    return load_verifier_head(stage_dir(run_dir, "extract"))
+    The stored head comes first: it is the embedding export checks the drafter's against, and a
+    verifier loaded for this stage may hold other values (``train --dtype bfloat16`` loads it in
+    bf16: its embedding rounded, the drafter's frozen copy of it would differ from the verifier's
+    and export would refuse the drafter)."""
+    from specdraft.extract.source import HEAD_FILE, load_verifier_head
+
+    extract = stage_dir(run_dir, "extract")
+    if verifier is None or (extract / HEAD_FILE).exists():
+        return load_verifier_head(extract)
+    return {"lm_head.weight": verifier.get_output_embeddings().weight.detach(),
+            "embed_tokens.weight": verifier.get_input_embeddings().weight.detach()}
 
 
 def open_source(cfg: TrainConfig, verifier: Any, env: DistEnv) -> tuple[Any, Any, dict]:
