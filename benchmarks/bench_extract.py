@@ -51,7 +51,7 @@ def prepared_rows(tok, n: int) -> tuple[list[list[int]], list[list[int]]]:
 @torch.no_grad()
 def bare_tokens_per_s(model, ids, masks, batch_tokens: int, base_only: bool) -> float:
     """Tokens/s of the plain forward over the same length-sorted padded batches."""
-    from specdraft.extract.batching import pad_rows, plan_batches
+    from specdraft.core.batching import pad_rows, plan_batches
 
     batches = plan_batches([len(r) for r in ids], batch_tokens)
     fn = model.model if base_only else model

@@ -3,7 +3,7 @@
 1. Drafter size at the Kimi-K2.5 shape (hidden 7168, vocab 163,840, 64 heads of 128, 8 KV
    heads, intermediate 18,432, draft vocab 32,000 and 163,840): parameters counted on the
    ``meta`` device (no memory), against the formula printed beside them.
-2. The teacher at the Kimi vocabulary: peak memory of ``train.objective.verifier_targets`` over
+2. The teacher at the Kimi vocabulary: peak memory of ``artifacts.batches.verifier_targets`` over
    V = 163,840 for N supervised positions, measured (peak RSS of a fresh subprocess) against
    ``chunk·V·4`` (the [chunk, V] fp32 logits; chunk = min(N, 1024)) plus ``2·chunk·K·4`` (the
    gathered and softmaxed [chunk, K]) plus the ``N·K·4`` result: the full ``N·V·4`` is never
@@ -50,7 +50,7 @@ def teacher_child(H: int, N: int, K: int) -> None:
     ``verifier_targets`` call (bytes)."""
     import torch
 
-    from specdraft.train.objective import verifier_targets
+    from specdraft.artifacts.batches import verifier_targets
 
     torch.set_num_threads(1)
     head = torch.randn(V_KIMI, H)

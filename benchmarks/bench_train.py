@@ -25,7 +25,8 @@ import torch
 
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
 from specdraft.train.loop import autocast_context
-from specdraft.train.objective import TrainBatch, TTTObjective
+from specdraft.artifacts.batches import TrainBatch
+from specdraft.train.objective import TTTObjective
 
 
 def smollm2_drafter(attn: str) -> Eagle3DraftModel:

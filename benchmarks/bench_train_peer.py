@@ -7,7 +7,7 @@ Each trainer runs its FULL step in its own process, data loading included, from 
 format built once from the same random rows (cached under ``--work``):
 
 - specdraft: ``RUN/extract``-shaped shards (bf16) read by :class:`DiskSource`, the real
-  :class:`specdraft.train.data.Collator` (teacher from the verifier head) and
+  :class:`specdraft.artifacts.batches.Collator` (teacher from the verifier head) and
   :meth:`specdraft.train.loop.Trainer.train_step`;
 - speculators: its offline format (``benchmarks/peer_data.py``, bf16 ``hs_{i}.safetensors``)
   read by its own trainer (``benchmarks/peer_speculators.py``) in its own venv
@@ -69,7 +69,7 @@ def random_rows(n: int, T: int, seed: int = 0) -> list[dict]:
 
 def write_extract(out: Path, rows: list[dict]) -> None:
     """``RUN/extract``'s shards and ``index.jsonl`` (bf16), as ``specdraft extract`` writes."""
-    from specdraft.extract.storage import CODECS, ShardBuffer, encode
+    from specdraft.core.storage import CODECS, ShardBuffer, encode
 
     codec = CODECS["bf16"]
     buf = ShardBuffer(codec)
@@ -85,7 +85,7 @@ def write_extract(out: Path, rows: list[dict]) -> None:
 
 def build(work: Path, n_rows: int, T: int) -> dict:
     """Both trainers' inputs under ``work`` (cached: rebuilt when the settings change)."""
-    from specdraft.extract.source import DiskSource
+    from specdraft.artifacts.hidden_states import DiskSource
 
     stamp = {"rows": n_rows, "seq": T, "v": 1}
     if (work / "stamp.json").exists() and json.loads((work / "stamp.json").read_text()) == stamp:
@@ -113,9 +113,10 @@ def build(work: Path, n_rows: int, T: int) -> dict:
 def specdraft_child(work: Path, steps: int, T: int, result: Path) -> None:
     """specdraft's real Trainer/Data path over the DiskSource; per-step wall times to ``result``."""
     from specdraft.core.profile import resolve_profile
-    from specdraft.extract.source import DiskSource
+    from specdraft.artifacts.hidden_states import DiskSource
     from specdraft.train.config import TrainConfig
-    from specdraft.train.data import Collator, row_lengths
+    from specdraft.artifacts.batches import Collator
+    from specdraft.train.data import row_lengths
     from specdraft.train.distributed import init_distributed
     from specdraft.train.loop import Data, Trainer, Window
     from specdraft.train.objective import TTTObjective

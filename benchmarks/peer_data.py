@@ -68,7 +68,7 @@ def peer_read_positions(peer_mask: torch.Tensor) -> torch.Tensor:
 
 
 def peer_hidden(row: Any, gain: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``hidden_states`` [T, n_aux+1, H] of one :class:`specdraft.extract.source.Row`.
+    """``hidden_states`` [T, n_aux+1, H] of one :class:`specdraft.artifacts.hidden_states.Row`.
 
     row.aux_hidden [T, n_aux*H], row.final_hidden [n_sup, H] (after the norm) at
     row.target_positions; gain [H] (the verifier final norm's effective gain). Raises

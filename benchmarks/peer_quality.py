@@ -36,9 +36,9 @@ from bench_train_peer import REPO, child_env, peer_args
 def convert(run_dir: Path, train_cfg: Any, verifier: Any) -> tuple[Path, Path, float, int]:
     """``RUN/peer/data`` and ``RUN/peer/verifier`` (cached); returns them, the train ratio
     and the number of training rows."""
-    from specdraft.extract.source import DiskSource, load_verifier_head
+    from specdraft.artifacts.hidden_states import DiskSource, load_verifier_head
     from specdraft.train.data import split_indices
-    from specdraft.train.run import load_vocab_map
+    from specdraft.artifacts.vocab_map import load_vocab_map
 
     out = run_dir / "peer"
     data, vdir = out / "data", out / "verifier"

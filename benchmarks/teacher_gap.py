@@ -2,8 +2,8 @@
 
 The stored final states of GSM8K rows (question + reference answer in the verifier's chat
 template, the answer supervised) are rounded through each extract codec and compared with a
-fresh forward by :func:`specdraft.train.teacher_check.compare_row`, over the full vocabulary.
-These figures set :data:`specdraft.train.teacher_check.TOLERANCE`.
+fresh forward by :func:`specdraft.artifacts.teacher_check.compare_row`, over the full vocabulary.
+These figures set :data:`specdraft.artifacts.teacher_check.TOLERANCE`.
 
     python benchmarks/teacher_gap.py --rows 8 [--verifier smollm2]
 """
@@ -38,9 +38,9 @@ def rows_dataset(tokenizer, n: int):
 
 
 def gap(stored_model, fresh_model, ds, storage: str) -> dict:
-    from specdraft.extract.source import OnlineSource
-    from specdraft.train.data import Collator
-    from specdraft.train.teacher_check import compare_row
+    from specdraft.artifacts.hidden_states import OnlineSource
+    from specdraft.artifacts.batches import Collator
+    from specdraft.artifacts.teacher_check import compare_row
 
     src = OnlineSource(stored_model, ds, [2, 15, 27], storage=storage)
     head = stored_model.get_output_embeddings().weight.detach()

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import peer_data  # noqa: E402
 from specdraft.core.errors import InputError  # noqa: E402
-from specdraft.extract.source import Row  # noqa: E402
+from specdraft.artifacts.hidden_states import Row  # noqa: E402
 
 T, H, N_AUX, EPS = 6, 4, 3, 1e-5
 MASK = torch.tensor([0, 0, 0, 1, 1, 1], dtype=torch.uint8)  # prompt x0..x2, completion x3..x5
@@ -94,7 +94,7 @@ def test_speculators_reads_converted_row_as_our_teacher(tmp_path):
     distribution at each of them."""
     from safetensors.torch import load_file, save_file
 
-    from specdraft.train.data import Collator
+    from specdraft.artifacts.batches import Collator
 
     py = peer_python_or_skip()
     row, gain, _ = make_row(1)
@@ -131,7 +131,7 @@ def test_speculators_trains_on_converted_rows_and_specdraft_reads_its_checkpoint
 
     from bench_train_peer import child_env, peer_args
     from peer_quality import eval_ready
-    from specdraft.export.reader import build_model, read_drafter
+    from specdraft.artifacts.drafter import build_model, read_drafter
 
     py = peer_python_or_skip()
     Hs, V, K, T = 64, 128, 32, 24

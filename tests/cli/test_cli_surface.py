@@ -241,13 +241,13 @@ def test_unknown_flags_catches_a_planted_message(tmp_path):
 
 def readme_commands(text: str) -> list[str]:
     """``specdraft …`` lines of the fenced bash blocks (continuations joined, comments cut);
-    ``torchrun … -m specdraft.train ARGS`` counts as ``specdraft train ARGS``."""
+    ``torchrun … -m specdraft.cli ARGS`` counts as ``specdraft ARGS``."""
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     lines = " \n".join(blocks).replace("\\\n", " ").splitlines()
     out = []
     for line in lines:
         line = re.sub(r"\s(#|>\s).*$", "", line).strip()  # comments, redirections
-        line = re.sub(r"^torchrun .*?-m specdraft\.train ", "specdraft train ", line)
+        line = re.sub(r"^torchrun .*?-m specdraft\.cli ", "specdraft ", line)
         line = re.sub(r'^torchrun .*?"\$\(which specdraft\)" ', "specdraft ", line)
         if line.startswith("specdraft "):
             out.append(line)

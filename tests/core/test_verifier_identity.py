@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from specdraft.core.errors import ConfigError
+from specdraft.artifacts.hidden_states import probe_hidden_states
 from specdraft.core.verifier_identity import (SAMPLE_BYTES, SAMPLE_TENSORS, bind, compare,
-                                              identify, probe_hidden_states)
+                                              identify)
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "extract"))
@@ -223,7 +224,7 @@ def test_eval_refuses_a_rotated_basis_and_passes_the_true_verifier(world):
 def test_export_refuses_another_verifier_and_carries_the_identity(world):
     from specdraft.export.config import ExportConfig
     from specdraft.export.run import run as export
-    from specdraft.export.validate import ExportRefused
+    from specdraft.artifacts.validate import ExportRefused
 
     common = dict(run_dir=world["run"], format="vllm", aux_layers=AUX)
     with pytest.raises(ExportRefused, match="not the model the drafter was trained on"):

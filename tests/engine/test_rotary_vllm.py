@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdraft.export.formats import build_config
+from specdraft.artifacts.formats import build_config
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel, apply_rotary
 
 HERE = Path(__file__).parent

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from specdraft.core import verifier
+from specdraft.engines import python as verifier
 from specdraft.core.errors import ConfigError
-from specdraft.core.verifier import vllm_python
+from specdraft.engines.python import vllm_python
 from specdraft.eval import engine
 from specdraft.eval.acceptance import AcceptanceStats
-from specdraft.eval.engine import EngineError, agreement, figures, run_worker
+from specdraft.engines.process import EngineError
+from specdraft.eval.engine import agreement, figures, run_worker
 
 
 def test_figures_from_counters():

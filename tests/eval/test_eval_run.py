@@ -8,7 +8,7 @@ import pytest
 import torch
 from greedy import greedy_reference
 
-from specdraft.generate.inputs import sample_id
+from specdraft.artifacts.prompts import sample_id
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
 from export_kit import make_drafter, make_run  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 from specdraft.core.errors import InputError
 from specdraft.eval import sglang
-from specdraft.eval.engine import EngineError
+from specdraft.engines.process import EngineError
 
 
 def fake_sglang(verify_ct):

@@ -10,11 +10,11 @@ from safetensors.torch import save_file
 
 from export_kit import make_drafter, make_run
 from specdraft.core.errors import InputError
-from specdraft.export import contract, formats
+from specdraft.artifacts import contract, formats
 from specdraft.export.config import ExportConfig
-from specdraft.export.reader import build_model, read_drafter
+from specdraft.artifacts.drafter import build_model, read_drafter
 from specdraft.export.run import run as export_run
-from specdraft.export.validate import ExportRefused
+from specdraft.artifacts.validate import ExportRefused
 from specdraft.models.eagle3 import COMPUTATION_FIELDS, DraftKVCache
 
 EAGLE31 = {"norm_before_fc": True, "fc_norm": True, "norm_output": True}
@@ -228,7 +228,7 @@ def test_engine_table_matches_the_installed_vllm_source():
 
 def test_run_summary_offers_sglang_only_for_the_sglang_format():
     """A vllm/speculators export (EAGLE-3.1, Qwen3 layer) gets no SGLang command."""
-    from specdraft.pipeline.summary import serve_commands
+    from specdraft.engines.serve import serve_commands
 
     commands = serve_commands("/d", "/v", 3, fmt="sglang")
     assert [c.split()[0] for c in commands] == ["vllm", "python"]

@@ -13,7 +13,7 @@ from export_kit import FakeStage, make_drafter, make_run, vocab_map
 from specdraft.core.manifest import StageClock, write_manifest
 from specdraft.export.config import ExportConfig
 from specdraft.export.run import run
-from specdraft.export.validate import ExportRefused
+from specdraft.artifacts.validate import ExportRefused
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
 from specdraft.models.io import save_drafter
 

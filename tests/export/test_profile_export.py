@@ -13,9 +13,9 @@ from export_kit import make_drafter, make_run
 from specdraft.core.manifest import read_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.export.config import ExportConfig
-from specdraft.export.formats import build_config, engine_rope_read
+from specdraft.artifacts.formats import build_config, engine_rope_read
 from specdraft.export.run import run
-from specdraft.export.validate import ExportRefused, check_rotary
+from specdraft.artifacts.validate import ExportRefused, check_rotary
 from specdraft.models.eagle3 import Eagle3Config
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

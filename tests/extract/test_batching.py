@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.extract.batching import (Batch, pad_rows, plan_batches, plan_shards,
+from specdraft.core.batching import (Batch, pad_rows, plan_batches, plan_shards,
                                         rank_batches)
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specdraft.core.errors import ConfigError
-from specdraft.extract.batching import pad_rows
-from specdraft.extract.capture import capture, check_aux_ids, default_aux_ids
+from specdraft.core.batching import pad_rows
+from specdraft.core.capture import capture, check_aux_ids, default_aux_ids
 
 
 class AddConstant(torch.nn.Module):

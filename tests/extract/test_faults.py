@@ -12,7 +12,7 @@ import pytest
 from killing import kill9_when
 import torch
 
-from specdraft.extract.source import DiskSource
+from specdraft.artifacts.hidden_states import DiskSource
 
 from extract_helpers import random_rows, write_prepared
 

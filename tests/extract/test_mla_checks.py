@@ -109,7 +109,7 @@ def test_aux_id_zero_refused_at_extract(tmp_path, kimi_verifier, backend, monkey
 
 def test_aux_id_zero_refused_at_export():
     """export's check of the ids the engine would capture, for the 4-layer fixture."""
-    from specdraft.export.validate import check_aux_ids
+    from specdraft.artifacts.validate import check_aux_ids
     from specdraft.models.eagle3 import Eagle3Config
 
     c = Eagle3Config(hidden_size=64, num_attention_heads=2, num_key_value_heads=2, head_dim=32,

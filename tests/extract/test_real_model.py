@@ -8,7 +8,7 @@ import pytest
 
 from specdraft.extract.config import ExtractConfig
 from specdraft.extract.run import run
-from specdraft.extract.source import DiskSource, load_verifier_head
+from specdraft.artifacts.hidden_states import DiskSource, load_verifier_head
 
 from extract_helpers import write_prepared
 

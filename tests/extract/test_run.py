@@ -11,11 +11,11 @@ import torch
 
 from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.conventions import supervised_positions
-from specdraft.extract.batching import plan_batches
+from specdraft.core.batching import plan_batches
 from specdraft.extract.config import ExtractConfig
 from specdraft.extract.run import run
-from specdraft.extract.source import DiskSource, OnlineSource, load_verifier_head
-from specdraft.extract.storage import CODECS, round_trip
+from specdraft.artifacts.hidden_states import DiskSource, OnlineSource, load_verifier_head
+from specdraft.core.storage import CODECS, round_trip
 
 from extract_helpers import random_rows, write_prepared
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.extract.storage import (CODECS, ShardBuffer, ShardReader, decode, encode,
+from specdraft.core.storage import (CODECS, ShardBuffer, ShardReader, decode, encode,
                                        round_trip, row_bytes, shard_readable)
 
 

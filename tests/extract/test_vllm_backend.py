@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import save_file
 
 from specdraft.core.errors import ConfigError, InputError
-from specdraft.extract.capture import capture_packed
-from specdraft.extract.batching import pad_rows
+from specdraft.core.capture import capture_packed
+from specdraft.core.batching import pad_rows
 from specdraft.extract.config import ExtractConfig
-from specdraft.extract.storage import CODECS
+from specdraft.core.storage import CODECS
 from specdraft.extract.vllm_backend import (EngineVerifier, engine_failure, engine_layer_ids,
                                             final_norm, read_row, replica_devices, to_packed)
 from specdraft.extract.vllm_worker import CONNECTOR, CONNECTOR_MODULE, engine_kwargs
@@ -119,7 +119,7 @@ def test_engine_replicas_take_the_torchrun_plan(tmp_path, tiny_model, monkeypatc
     from extract_helpers import random_rows, write_prepared
     from specdraft.extract import run as run_mod
     from specdraft.extract import vllm_backend
-    from specdraft.extract.batching import plan_batches, rank_batches
+    from specdraft.core.batching import plan_batches, rank_batches
 
     lens = [20 + (7 * i) % 30 for i in range(14)]
     ids, masks = random_rows(lens, vocab=2000, seed=5)

@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from specdraft.extract.config import ExtractConfig
 from specdraft.extract.run import run
-from specdraft.extract.source import DiskSource, load_verifier_head
+from specdraft.artifacts.hidden_states import DiskSource, load_verifier_head
 
 from extract_helpers import random_rows, write_prepared
 from vllm_helpers import compare_sources, engine_env, make_vllm_tiny

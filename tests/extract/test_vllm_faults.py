@@ -14,7 +14,7 @@ from killing import kill9_when
 
 from specdraft.extract.config import ExtractConfig
 from specdraft.extract.run import run
-from specdraft.extract.source import DiskSource
+from specdraft.artifacts.hidden_states import DiskSource
 
 from extract_helpers import random_rows, write_prepared
 from vllm_helpers import compare_sources, engine_env, make_vllm_tiny

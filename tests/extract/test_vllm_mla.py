@@ -19,7 +19,7 @@ import torch
 
 from specdraft.extract.config import ExtractConfig
 from specdraft.extract.run import run
-from specdraft.extract.source import DiskSource
+from specdraft.artifacts.hidden_states import DiskSource
 
 from extract_helpers import random_rows, write_prepared
 from vllm_helpers import compare_sources, engine_env

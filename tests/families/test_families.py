@@ -120,7 +120,7 @@ def family_run(request, tmp_path_factory, smollm2_tokenizer_dir, qwen3_tokenizer
 def test_extracted_states_are_the_models_own(family_run):
     """Every stored row: aux = HF hidden_states[i], final = last_hidden_state at the supervised
     positions, and final @ lm_head.T = the model's logits there (fp32 storage)."""
-    from specdraft.extract.source import DiskSource
+    from specdraft.artifacts.hidden_states import DiskSource
 
     family, run_dir, _, model = family_run
     source = DiskSource(run_dir / "extract")
@@ -148,7 +148,7 @@ def test_teacher_check_passed_with_zero_gap(family_run):
 def test_export_loads_back_with_the_trained_tensors(family_run):
     from safetensors.torch import load_file
 
-    from specdraft.export.reader import read_drafter
+    from specdraft.artifacts.drafter import read_drafter
 
     _, run_dir, _, model = family_run
     exported = read_drafter(run_dir / "export" / "sglang")

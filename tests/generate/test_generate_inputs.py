@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from specdraft.core.errors import InputError
-from specdraft.generate.inputs import read_prompts, sample_id
+from specdraft.artifacts.prompts import read_prompts, sample_id
 
 KW = dict(fields={"messages": "messages", "conversations": "conversations", "turns": "turns",
                   "question": "question", "prompt": "prompt", "system": "system", "id": "id"},

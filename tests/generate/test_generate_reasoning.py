@@ -3,8 +3,8 @@
 import pytest
 
 from specdraft.generate.client import TurnOutput
-from specdraft.generate.inputs import Prompt
-from specdraft.generate.reasoning import extract, split_inline
+from specdraft.artifacts.prompts import Prompt
+from specdraft.core.reasoning import extract, split_inline
 from specdraft.generate.samples import Checks, SampleState
 
 R, A = "2+2 equals 4.", "The answer is 4."

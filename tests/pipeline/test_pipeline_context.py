@@ -116,7 +116,7 @@ def test_an_offline_only_eval_reruns_once_vllm_is_installed(tmp_path, recorder, 
     """`engine: auto` ran offline because no vLLM was found (the fake manifest has no `engine`);
     with a python that has vLLM now (SPECDRAFT_VLLM_PYTHON), only eval reruns. An explicit
     `engine: none` never does."""
-    import specdraft.core.verifier as verifier
+    import specdraft.engines.python as verifier
 
     monkeypatch.delenv(verifier.VLLM_PYTHON_ENV, raising=False)
     monkeypatch.setattr(verifier, "REPO", tmp_path / "no-checkout")   # no .venv-vllm there

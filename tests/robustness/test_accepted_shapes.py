@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.generate.inputs import parse_row
+from specdraft.artifacts.prompts import parse_row
 
 FIELDS = {k: k for k in ("messages", "conversations", "turns", "question", "prompt", "id",
                          "system")}

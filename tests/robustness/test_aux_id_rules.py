@@ -53,7 +53,7 @@ def test_extract_on_a_four_layer_verifier_uses_the_documented_default(tmp_path, 
 
 def test_doctor_and_export_use_the_same_range():
     """id N (after the final norm in HF, before it in the engines) is refused by both."""
-    from specdraft.export.validate import check_aux_ids as export_check
+    from specdraft.artifacts.validate import check_aux_ids as export_check
     from specdraft.models.eagle3 import Eagle3Config
 
     c = Eagle3Config(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,

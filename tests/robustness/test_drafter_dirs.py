@@ -1,5 +1,5 @@
 """Drafter directories, as `specdraft export --drafter`, `specdraft eval --drafter` and
-`specdraft doctor` read them (:func:`specdraft.export.reader.read_drafter`): a specdraft drafter
+`specdraft doctor` read them (:func:`specdraft.artifacts.drafter.read_drafter`): a specdraft drafter
 (``drafter_config.json`` + ``drafter.safetensors``) or an engine export (``config.json`` +
 ``model.safetensors``)."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specdraft.export.formats import build_config
-from specdraft.export.run import export_tensors
+from specdraft.artifacts.formats import build_config
+from specdraft.artifacts.export import export_tensors
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
 from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE, save_drafter
 
@@ -151,7 +151,7 @@ def test_eval_drafter_refused(tmp_path, cli, drafters, tiny_verifier_dir, case, 
 
 
 def test_valid_drafters_read_back(drafters):
-    from specdraft.export.reader import read_drafter
+    from specdraft.artifacts.drafter import read_drafter
 
     for fmt in FILES:
         d = read_drafter(drafters / fmt)

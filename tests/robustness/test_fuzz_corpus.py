@@ -103,7 +103,7 @@ def test_drafter_corpus_is_refused(tmp_path, path):
     """``corpus/drafters/*``: a drafter config (valid weights absent) read by ``--drafter``
     (read_drafter) and by training resume (load_drafter): one line naming the file."""
     from specdraft.core.errors import InputError
-    from specdraft.export.reader import read_drafter
+    from specdraft.artifacts.drafter import read_drafter
     from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE, load_drafter
 
     (tmp_path / CONFIG_FILE).write_bytes(path.read_bytes())

@@ -63,7 +63,7 @@ def test_json_files(tmp_path_factory, data):
        suffix=st.sampled_from([".jsonl", ".json"]))
 def test_prompt_files(tmp_path_factory, data, suffix):
     """``generate --prompts`` / ``eval --prompts``: the one prompt reader."""
-    from specdraft.generate.inputs import read_prompts
+    from specdraft.artifacts.prompts import read_prompts
 
     path = _write(tmp_path_factory.mktemp("p"), f"p{suffix}", data)
     got = _clear_or_named(lambda: read_prompts(path, fields=FIELDS, sampling={},
@@ -193,7 +193,7 @@ def drafter_configs(draw) -> bytes:
 def test_drafter_configs(tmp_path_factory, data, name):
     """``export/eval/doctor --drafter DIR`` (read_drafter) and a training checkpoint's drafter
     (load_drafter): the weights are valid, the config is fuzzed."""
-    from specdraft.export.reader import read_drafter
+    from specdraft.artifacts.drafter import read_drafter
     from specdraft.models.io import load_drafter
 
     d = tmp_path_factory.mktemp("d")
@@ -258,7 +258,7 @@ index_entries = st.fixed_dictionaries({}, optional={
     lambda es: b"".join(json.dumps(e).encode() + b"\n" for e in es)))
 def test_extract_index(tmp_path_factory, data):
     """``RUN/extract/index.jsonl`` as train and ``extract --verify`` read it."""
-    from specdraft.extract.source import read_index
+    from specdraft.artifacts.hidden_states import read_index
 
     path = tmp_path_factory.mktemp("x") / "index.jsonl"
     path.write_bytes(data)

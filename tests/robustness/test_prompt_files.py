@@ -1,5 +1,5 @@
 """Prompt files, as `specdraft generate --prompts` and `specdraft eval --prompts` read them
-(one shared reader, :mod:`specdraft.generate.inputs`)."""
+(one shared reader, :mod:`specdraft.artifacts.prompts`)."""
 
 from __future__ import annotations
 

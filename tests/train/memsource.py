@@ -1,4 +1,4 @@
-"""An in-memory hidden-state source with the interface of ``specdraft.extract.source``, computed
+"""An in-memory hidden-state source with the interface of ``specdraft.artifacts.hidden_states``, computed
 from a real (tiny, random) HF Llama with ``output_hidden_states=True``, and a synthetic
 self-distilled corpus: greedy continuations of the same verifier (repetitive, as random tiny
 models fall into loops), so the data tokens are the verifier's greedy tokens."""

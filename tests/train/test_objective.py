@@ -6,8 +6,8 @@ from torch import nn
 
 from memsource import Row
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel, ttt_mask
-from specdraft.train.data import Collator
-from specdraft.train.objective import TrainBatch, TTTObjective
+from specdraft.artifacts.batches import Collator, TrainBatch
+from specdraft.train.objective import TTTObjective
 
 
 def test_ttt_mask_T4_3_steps_by_hand():

@@ -13,9 +13,9 @@ import torch
 from memsource import MemorySource
 from specdraft.core.errors import InputError
 from specdraft.train.config import TrainConfig
-from specdraft.train.data import Collator
+from specdraft.artifacts.batches import Collator
 from specdraft.train.run import run
-from specdraft.train.teacher_check import TOLERANCE, band_problems, check_teacher
+from specdraft.artifacts.teacher_check import TOLERANCE, band_problems, check_teacher
 
 
 class Planted:
@@ -163,8 +163,8 @@ def engine_rows(model, verifier, n_rows, aux=(1, 2, 3)):
     """Rows made by the vLLM backend's conversion (:func:`to_packed`) from engine-like states:
     aux ids as HF hidden_states, id N the last layer's output *before* the final norm."""
     from specdraft.core.conventions import supervised_positions
-    from specdraft.extract.source import Row
-    from specdraft.extract.storage import CODECS, decode
+    from specdraft.artifacts.hidden_states import Row
+    from specdraft.core.storage import CODECS, decode
     from specdraft.extract.vllm_backend import engine_layer_ids, to_packed
 
     g = torch.Generator().manual_seed(1)

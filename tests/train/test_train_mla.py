@@ -57,7 +57,7 @@ def test_mla_drafter_trains_and_reloads(tmp_path, kimi):
     assert losses[-1] < 0.5 * losses[0], losses
     # export does not write the MLA layer yet: refused by name, never exported as a Llama layer
     from specdraft.core.errors import InputError
-    from specdraft.export.reader import read_drafter
+    from specdraft.artifacts.drafter import read_drafter
 
     with pytest.raises(InputError, match="an MLA drafter .* do not read the MLA layer yet"):
         read_drafter(tmp_path / "train" / "last")

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import torch
 from safetensors.torch import save_file
 
-from specdraft.export.run import embed_problems
-from specdraft.extract.source import HEAD_FILE
+from specdraft.artifacts.export import embed_problems
+from specdraft.artifacts.hidden_states import HEAD_FILE
 from specdraft.train.run import verifier_head
 
 

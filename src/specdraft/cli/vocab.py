@@ -12,10 +12,12 @@ from specdraft.vocab.config import VocabConfig
 
 
 def _echo(manifest: dict[str, Any], cfg: VocabConfig) -> None:
+    from specdraft.artifacts.vocab_map import vocab_map_path
+
     echo_figures(manifest, "vocab")
     for t in manifest["vocab"]["top_left_out"][:10]:
         typer.echo(f"  left out: id {t['id']} {t['token'] or ''!r} x{t['count']}")
-    typer.echo(f"vocab: -> {Path(cfg.run_dir) / 'vocab' / 'vocab_map.safetensors'}")
+    typer.echo(f"vocab: -> {vocab_map_path(Path(cfg.run_dir))}")
 
 
 command = stage_command(

@@ -130,7 +130,7 @@ def default_aux_layer_ids(n_layers: int) -> list[int]:
     three distinct valid ids (N >= 7). For a shallower verifier that default has duplicates, so
     three ids are spread over ``[2, N-1]``: ``[2, (N+1)//2, N-1]`` (N=5: [2, 3, 4]; N=6:
     [2, 3, 5]); id 1 is avoided because SGLang's explicit ids cannot spell it (its PR #25454 shift,
-    see :func:`specdraft.export.validate.check_aux_ids`). N=4 leaves only ``[1, 2, 3]`` (exports
+    see :func:`specdraft.artifacts.validate.check_aux_ids`). N=4 leaves only ``[1, 2, 3]`` (exports
     as ``--format vllm`` or ``speculators``). Export writes the ids into the drafter's config
     either way, so the engines read them instead of their default.
 

@@ -278,7 +278,7 @@ class TrainManifest(Manifest):
     best_val: dict[str, Any] | None = None
     tokens_per_s: float = 0.0
     drafter_config: dict[str, Any]
-    teacher_check: dict[str, Any] | None = None  # specdraft.train.teacher_check.TeacherReport
+    teacher_check: dict[str, Any] | None = None  # specdraft.artifacts.teacher_check.TeacherReport
 
     def figures(self) -> str:
         best = self.best_val or {}

@@ -135,14 +135,22 @@ def load_verifier(path: str | os.PathLike, *, dtype: str = "auto", device: str =
     from transformers import AutoModelForCausalLM
 
     directory, gguf_file = resolve_trusted(path, trust_remote_code)
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    dtype = resolve_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(
         directory, gguf_file=gguf_file, dtype=getattr(torch, dtype),
         device_map=device_map, trust_remote_code=trust_remote_code)
     if device_map is None:
         model = model.to(device)
     return model.eval()
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The one rule for ``dtype: auto``, every stage alike (transformers, vLLM, training
+    autocast): ``bfloat16`` on a CUDA device, ``float32`` elsewhere (CPU bf16 is no faster at the
+    shapes measured and rounds the teacher: docs/resume-and-dtypes.md). Other values unchanged."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
 
 
 def resolve_device(device: str | None) -> str:
@@ -174,9 +182,7 @@ class VerifierSpec:
         """The spec of a stage config with ``verifier`` and some of ``dtype``, ``device``,
         ``device_map``, ``trust_remote_code`` fields (absent ones take the loader's defaults)."""
         device = resolve_device(getattr(config, "device", None))
-        dtype = getattr(config, "dtype", "auto")
-        if dtype == "auto":
-            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        dtype = resolve_dtype(getattr(config, "dtype", "auto"), device)
         return cls(path=str(config.verifier), dtype=dtype, device=device,
                    device_map=getattr(config, "device_map", None),
                    trust_remote_code=bool(getattr(config, "trust_remote_code", False)))
@@ -281,29 +287,3 @@ def check_engine_config(hf_dir: Path) -> None:
         return  # the engine's own loader names the missing file
     config = json.loads(path.read_text(encoding="utf-8"))
     check_engine_routing({**config, **(config.get("text_config") or {})}, str(path))
-
-
-VLLM_PYTHON_ENV = "SPECDRAFT_VLLM_PYTHON"
-REPO = Path(__file__).resolve().parents[3]  # the checkout, where `make install-vllm` builds
-
-
-def vllm_python(explicit: str | None = None) -> str:
-    """The python that has vLLM, for every stage that runs the engine in a subprocess (vLLM keeps
-    its own venv: its transformers pin clashes with ours): ``explicit`` (``--engine-python``),
-    else env ``SPECDRAFT_VLLM_PYTHON``, else this python when it can import vllm (a GPU machine
-    with the user's own vLLM), else ``REPO/.venv-vllm/bin/python`` (``make install-vllm``).
-    Raises :class:`ConfigError` when none exists."""
-    import sys
-
-    for cand in (explicit, os.environ.get(VLLM_PYTHON_ENV)):
-        if cand:
-            if not Path(cand).exists():
-                raise ConfigError(f"--engine-python {cand}: no such file")
-            return str(cand)
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    local = REPO / ".venv-vllm" / "bin" / "python"
-    if local.exists():
-        return str(local)
-    raise ConfigError("no python with vLLM found: run `make install-vllm`, or pass "
-                      f"--engine-python PY (or set {VLLM_PYTHON_ENV})")

@@ -20,8 +20,8 @@ module records, cheaply enough for a 1T-parameter checkpoint (no weights loaded)
 ``extract`` records it in its manifest, ``train`` carries it in ``drafter_config.json``,
 ``export`` in ``provenance.json``; ``export``, ``eval`` and ``doctor`` compare the verifier they
 are given with :func:`compare` and, when ``RUN/extract`` rows are at hand, recompute a few of
-them with :func:`probe_hidden_states`, which catches a change of hidden basis that leaves the
-logits (and so every logit-level check) unchanged. See docs/verifier-binding.md.
+them with :func:`specdraft.artifacts.hidden_states.probe_hidden_states`, which catches a
+change of hidden basis that leaves the logits (and so every logit-level check) unchanged. See docs/verifier-binding.md.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ from specdraft.core.errors import ConfigError
 IDENTITY_VERSION = 1
 SAMPLE_TENSORS = 8        # tensors whose bytes are sampled
 SAMPLE_BYTES = 4096       # bytes read at the start, middle and end of each sampled tensor
-PROBE_ROWS = 2            # stored extract rows the hidden-state probe recomputes
-PROBE_MIN_COSINE = 0.9    # mean cosine(stored, recomputed) each captured layer must reach
 # Keys of a normalised config that say how or where the weights are stored, not which model.
 STORAGE_KEYS = ("quantization_config", "torch_dtype", "dtype", "_name_or_path",
                 "transformers_version", "_commit_hash", "architectures", "use_cache",
@@ -364,80 +362,3 @@ def bind(recorded: dict[str, Any] | None, verifier: str, *, allow_other: bool, f
 
 
 # ---------------------------------------------------------------- hidden-state probe
-
-
-def _cosines(stored: Any, ref: Any) -> Any:
-    """Mean cosine similarity per captured layer: ``stored``/``ref`` ``[T, L, H]`` → ``[L]``."""
-    import torch
-
-    return torch.nn.functional.cosine_similarity(stored.double(), ref.double(), dim=-1).mean(0)
-
-
-def probe_hidden_states(model: Any, extract_dir: str | os.PathLike, *, rows: int = PROBE_ROWS,
-                        min_cosine: float = PROBE_MIN_COSINE) -> dict[str, Any]:
-    """Recompute the first ``rows`` stored rows of ``extract_dir`` with ``model`` and compare
-    the aux states (every position) and the final state (supervised positions) with what is
-    stored: ``ok`` when every layer's mean cosine similarity is at least ``min_cosine``.
-
-    A change of hidden basis (``h → hQ``, ``Q`` orthogonal) keeps every logit but gives a
-    cosine near 0 (about ``1/sqrt(H)`` for a random ``Q``); bf16/fp8 storage rounding and
-    weight quantization noise keep it near 1. Returns the per-layer cosines (aux ids, then
-    ``final``), the max abs difference and ``ok``."""
-    import torch
-
-    from specdraft.extract.batching import pad_rows
-    from specdraft.extract.capture import capture_packed
-    from specdraft.extract.source import DiskSource
-    from specdraft.extract.storage import CODECS
-
-    source = DiskSource(extract_dir)
-    aux_ids, H = source.aux_layer_ids, source.hidden_size
-    picked = list(range(min(rows, len(source))))
-    layers = [str(i) for i in aux_ids] + ["final"]
-    worst = torch.ones(len(layers), dtype=torch.float64)
-    max_abs = 0.0
-    for stored in source.get_batch(picked):
-        padded = pad_rows([stored.input_ids.tolist()], [stored.loss_mask.tolist()])
-        with torch.no_grad():
-            ref = capture_packed(model, padded, aux_ids, CODECS["fp32"])
-        aux_ref = ref.aux[0].float().cpu().view(-1, len(aux_ids), H)
-        aux_st = stored.aux_hidden.float().view(-1, len(aux_ids), H)
-        fin_ref, fin_st = ref.final[0].float().cpu().view(-1, 1, H), \
-            stored.final_hidden.float().view(-1, 1, H)
-        cos = torch.cat([_cosines(aux_st, aux_ref), _cosines(fin_st, fin_ref)
-                         if fin_st.numel() else torch.ones(1, dtype=torch.float64)])
-        worst = torch.minimum(worst, cos)
-        max_abs = max(max_abs, float((aux_st - aux_ref).abs().max()))
-    cosines = {name: round(float(c), 6) for name, c in zip(layers, worst)}
-    return {"rows": picked, "cosine": cosines, "min_cosine": min_cosine,
-            "aux_max_abs_diff": max_abs, "ok": bool((worst >= min_cosine).all()) and bool(picked)}
-
-
-def probe_line(report: dict[str, Any] | None, why_not: str = "") -> str:
-    """The probe's one line (``why_not`` when it did not run)."""
-    if report is None:
-        return f"hidden-state probe: not run ({why_not})"
-    low = min(report["cosine"].values()) if report["cosine"] else 0.0
-    verdict = "passed" if report["ok"] else "FAILED: the verifier's hidden states are not the " \
-        "ones the drafter was trained on (another model, or its hidden basis changed)"
-    return (f"hidden-state probe: {len(report['rows'])} stored rows recomputed, lowest mean "
-            f"cosine {low:.4f} (need >= {report['min_cosine']}): {verdict}")
-
-
-def extract_rows_dir(run_dir: str | os.PathLike | None) -> Path | None:
-    """``RUN/extract`` when it holds stored rows (an index and a manifest), else None."""
-    if run_dir is None:
-        return None
-    d = Path(run_dir) / "extract"
-    return d if (d / "index.jsonl").exists() and (d / "manifest.json").exists() else None
-
-
-def probe_or_skip(model: Any, run_dir: str | os.PathLike | None) -> dict[str, Any]:
-    """Run the probe on ``RUN/extract`` when it has rows; else record why it did not run."""
-    rows = extract_rows_dir(run_dir)
-    if rows is None:
-        why = "no RUN/extract rows (give --run-dir of the run that extracted them); only the " \
-              "recorded identity was compared"
-        return {"ran": False, "line": probe_line(None, why)}
-    report = probe_hidden_states(model, rows)
-    return {"ran": True, **report, "line": probe_line(report)}

@@ -1,7 +1,7 @@
 """``specdraft eval --engine vllm``: the real serving engine measures the exported drafter.
 
 vLLM pins its own ``transformers``, so it runs in a subprocess with the engine's python
-(:func:`specdraft.core.verifier.vllm_python`) and our stdlib-only script :mod:`specdraft.eval.engine_worker`. The
+(:func:`specdraft.engines.python.vllm_python`) and our stdlib-only script :mod:`specdraft.eval.engine_worker`. The
 engine gets the SAME prompt token ids the offline eval renders, the same k, temperature, max
 tokens and stop ids; its spec-decode counters are read before/after generation. The figures:
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,16 +29,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdraft.core.errors import ConfigError, SpecdraftError
-from specdraft.core.verifier import engine_hf_dir, vllm_python
+from specdraft.core.verifier import engine_hf_dir, resolve_dtype
+from specdraft.engines.process import EngineError, stop
+from specdraft.engines.python import vllm_python
 from specdraft.eval.acceptance import acceptance_rule
 
 WORKER = Path(__file__).with_name("engine_worker.py")
 #: Two-sided 99% normal quantile of :func:`sampled_agreement`'s interval.
 Z99 = 2.5758
-
-
-class EngineError(SpecdraftError, RuntimeError):
-    """The engine subprocess failed or could not be started; the message has its log tail."""
 
 
 class EngineDisagreement(SpecdraftError, RuntimeError):
@@ -60,20 +57,6 @@ def vllm_job(*, verifier_dir: Path, drafter_dir: Path | None, prompts: Sequence[
             "max_model_len": max(256, longest), "prompts": [list(map(int, p)) for p in prompts],
             "max_tokens": max_tokens, "temperature": temperature,
             "stop_token_ids": [int(i) for i in stop_ids], "runs": runs}
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop the worker's whole process group (vLLM spawns children): SIGTERM, up to 15 s for
-    the worker to exit, then SIGKILL for whatever of the group is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def run_worker(python: str, job: dict[str, Any], workdir: Path, *,
@@ -100,7 +83,7 @@ def run_worker(python: str, job: dict[str, Any], workdir: Path, *,
         except subprocess.TimeoutExpired:
             raise EngineError(f"the engine ran past {timeout_s:.0f} s; log: {log_path}") from None
         finally:
-            _stop(proc)
+            stop(proc)
     if rc != 0 or not out_path.exists():
         tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
         raise EngineError(f"the engine failed (exit {rc}); {log_path}:\n  " + "\n  ".join(tail))
@@ -169,11 +152,12 @@ def engine_version(out: dict[str, Any]) -> str:
 def engine_drafter(config: Any, out: Path) -> Path:
     """The exported directory the engine loads: ``engine_drafter``, else the eval's drafter when
     it is an export, else the run's export of that drafter, else a fresh ``sglang`` export of it
-    into ``OUT/engine-drafter`` (validated by :mod:`specdraft.export`)."""
+    into ``OUT/engine-drafter`` (validated as ``specdraft export`` validates:
+    :mod:`specdraft.artifacts.export`)."""
     from specdraft.core.manifest import read_manifest
     from specdraft.core.rundir import stage_dir
     from specdraft.eval.run import drafter_dir
-    from specdraft.export.reader import read_drafter
+    from specdraft.artifacts.drafter import read_drafter
 
     if config.engine_drafter is not None:
         return Path(config.engine_drafter)
@@ -184,25 +168,25 @@ def engine_drafter(config: Any, out: Path) -> Path:
     if export and Path(export["out"]).exists() and \
             Path(export.get("source", "")).resolve() == src.resolve():
         return Path(export["out"])
-    from specdraft.export.config import ExportConfig
-    from specdraft.export.run import run as export_run
+    from specdraft.artifacts.export import ExportRequest, validated_candidate, write_export
 
     target = out / "engine-drafter"
     # the engine must run the drafter the offline loop ran, with the aux ids it was built with
     # (the offline eval captures those same ids), so they are the facts the export checks against
-    export_run(ExportConfig(drafter=src, out=target, verifier=config.verifier, overwrite=True,
-                            speculative_tokens=config.k,
-                            aux_layers=tuple(read_drafter(src).config.aux_layer_ids)))
+    drafter = read_drafter(src)
+    request = ExportRequest(verifier=config.verifier, speculative_tokens=config.k,
+                            aux_layers=tuple(drafter.config.aux_layer_ids))
+    with write_export(target, validated_candidate(request, drafter)):
+        pass
     return target
 
 
 def doctor_hints(config: Any, drafter: Path, verifier: Any) -> list[str]:
     """The doctor's failing checks (name: fix) for the engine's drafter, plus the usual causes
     of an offline/engine gap when every check passes."""
-    from specdraft.doctor.config import DoctorConfig
-    from specdraft.doctor.run import run as doctor
+    from specdraft.artifacts.checks import check_drafter
 
-    report = doctor(DoctorConfig(target=drafter, verifier=config.verifier), verifier=verifier)
+    report = check_drafter(drafter, config.verifier, verifier=verifier)
     hints = [f"doctor {c['name']}: {c['detail']} -> {c['fix']}" for c in report["checks"]
              if not c["ok"]]
     return hints or ["doctor: every check passes; the usual causes are dtype (bf16 rounds argmax "
@@ -222,8 +206,7 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
     python = vllm_python(config.engine_python)
     vdir = engine_hf_dir(config.verifier, config.run_dir or out)
     ddir = engine_drafter(config, out)
-    dtype = "float32" if config.dtype == "auto" and config.device == "cpu" else \
-        "bfloat16" if config.dtype == "auto" else config.dtype
+    dtype = resolve_dtype(config.dtype, config.device)
     job = vllm_job(verifier_dir=vdir, drafter_dir=ddir, prompts=prompt_ids, k=config.k,
                    temperature=config.temperature, max_tokens=config.max_new_tokens,
                    stop_ids=stop_ids, dtype=dtype, seed=config.seed,

@@ -1,6 +1,6 @@
 """Eval prompts: any prompt file that ``specdraft generate`` reads (JSONL / JSON / Parquet with
 ``question``, ``turns``, ``prompt``, ``messages`` or ``conversations``; parsed by
-:func:`specdraft.generate.inputs.parse_row`), evaluated on its first user turn (MT-bench: turn 1)
+:func:`specdraft.artifacts.prompts.parse_row`), evaluated on its first user turn (MT-bench: turn 1)
 with the row's system prompt."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from typing import Any
 
 from specdraft.core.chat import ChatFormat, run_chat_format
 from specdraft.core.errors import InputError
-from specdraft.generate.config import DEFAULT_FIELDS
-from specdraft.generate.inputs import iter_rows, parse_row
+from specdraft.artifacts.prompts import DEFAULT_FIELDS, iter_rows, parse_row
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:

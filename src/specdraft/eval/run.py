@@ -31,13 +31,13 @@ from specdraft.eval.config import EvalConfig
 from specdraft.eval.plot import plot_acceptance
 from specdraft.eval.prompts import eval_chat_format, load_prompts, render
 from specdraft.eval.acceptance import AcceptanceStats, acceptance_rule
+from specdraft.artifacts.layout import RunLayout
 
 STAGE = "eval"
 
 
 def drafter_dir(config: EvalConfig) -> Path:
-    return Path(config.drafter) if config.drafter is not None else \
-        stage_dir(config.run_dir, "train") / "best"
+    return Path(config.drafter) if config.drafter is not None else RunLayout(config.run_dir).best
 
 
 def output_dir(config: EvalConfig) -> Path:
@@ -55,7 +55,7 @@ def output_dir(config: EvalConfig) -> Path:
 
 def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
     """The drafter (any on-disk format) on the verifier's device, float32 on CPU."""
-    from specdraft.export.reader import build_model, read_drafter
+    from specdraft.artifacts.drafter import build_model, read_drafter
 
     d = read_drafter(drafter_dir(config))
     embed = verifier.get_input_embeddings().weight.detach()
@@ -209,7 +209,8 @@ def verifier_binding(config: EvalConfig, verifier: Any, tokenizer: Any) -> dict[
     unless ``--allow-other-verifier``."""
     from specdraft.core.errors import ConfigError
     from specdraft.core.manifest import load_stage_manifest
-    from specdraft.core.verifier_identity import bind, drafter_identity, probe_or_skip
+    from specdraft.artifacts.hidden_states import probe_or_skip
+    from specdraft.core.verifier_identity import bind, drafter_identity
 
     recorded = drafter_identity(drafter_dir(config))
     if recorded is None and config.run_dir is not None:
@@ -236,7 +237,7 @@ def resolve_engine(config: EvalConfig) -> str:
     if config.engine != "auto":
         return config.engine
     from specdraft.core.errors import ConfigError
-    from specdraft.core.verifier import vllm_python
+    from specdraft.engines.python import vllm_python
 
     try:
         vllm_python(config.engine_python)

@@ -19,7 +19,6 @@ import contextlib
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -27,12 +26,11 @@ from typing import Any, Iterator, Sequence
 import httpx
 
 from specdraft.core.errors import InputError
-from specdraft.core.verifier import engine_hf_dir
+from specdraft.core.verifier import engine_hf_dir, resolve_dtype
 from specdraft.eval.acceptance import acceptance_rule
-from specdraft.eval.engine import EngineError, _stop, engine_drafter
-
-SGLANG_PYTHON_ENV = "SPECDRAFT_SGLANG_PYTHON"
-
+from specdraft.engines.process import EngineError, stop
+from specdraft.engines.python import sglang_python
+from specdraft.eval.engine import engine_drafter
 
 def launch_command(python: str, verifier_dir: Path, drafter_dir: Path, *, k: int, port: int,
                    dtype: str, topk: int = 1, num_draft_tokens: int | None = None) -> list[str]:
@@ -74,7 +72,7 @@ def launch_server(cmd: list[str], log_path: Path, *, port: int,
             time.sleep(1)
         yield url
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def _ready(url: str) -> bool:
@@ -131,11 +129,10 @@ def sglang_version(python: str) -> str:
 def measure_sglang(config: Any, *, prompts: list[dict[str, Any]], stop_ids: Sequence[int],
                    out: Path) -> dict[str, Any]:
     """SGLang's figures for ``config`` (an EvalConfig) on the prompts' rendered ids."""
-    python = config.engine_python or os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
+    python = sglang_python(config.engine_python)
     vdir = engine_hf_dir(config.verifier, config.run_dir or out)
     ddir = engine_drafter(config, out)
-    dtype = "float32" if config.dtype == "float32" else \
-        "bfloat16" if config.dtype == "bfloat16" else "auto"
+    dtype = resolve_dtype(config.dtype, config.device)  # the offline eval's dtype
     port = free_port()
     cmd = launch_command(python, vdir, ddir, k=config.k, port=port, dtype=dtype,
                          topk=getattr(config, "topk", 1),

@@ -84,8 +84,8 @@ class Setting:
 
     def serve_commands(self, export_dir: str, verifier: str, fmt: str = "sglang") -> list[str]:
         """vLLM's command line for a chain, SGLang's for a chain or a tree when the export
-        ``fmt`` is one SGLang loads (:func:`specdraft.pipeline.summary.serve_commands`)."""
-        from specdraft.pipeline.summary import serve_commands
+        ``fmt`` is one SGLang loads (:func:`specdraft.engines.serve.serve_commands`)."""
+        from specdraft.engines.serve import serve_commands
 
         s = self.shape
         return serve_commands(export_dir, verifier, s.steps, s.topk, s.num_draft_tokens, fmt)

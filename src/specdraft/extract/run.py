@@ -2,7 +2,7 @@
 
 Data-parallel under ``torchrun``: ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` are read here (and
 only here); rank ``r`` computes batches ``r, r+W, r+2W, …`` of the deterministic plan
-(:mod:`specdraft.extract.batching`), writes its own shards and index part, and rank 0 merges the
+(:mod:`specdraft.core.batching`), writes its own shards and index part, and rank 0 merges the
 index, writes the verifier head and the manifest after a barrier.
 """
 
@@ -26,13 +26,14 @@ from specdraft.core.manifest import StageClock, input_hash, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.resume import record_settings
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
-from specdraft.extract.batching import pad_rows, plan_batches, plan_shards, rank_batches
-from specdraft.extract.capture import (CONVENTION, capture_packed, check_aux_ids,
+from specdraft.core.batching import pad_rows, plan_batches, plan_shards, rank_batches
+from specdraft.core.capture import (CONVENTION, capture_packed, check_aux_ids,
                                        default_aux_ids, num_layers)
 from specdraft.extract.config import ExtractConfig
-from specdraft.extract.source import HEAD_FILE, INDEX_FILE, DiskSource, row_key
-from specdraft.extract.storage import CODECS, Codec, row_bytes
+from specdraft.artifacts.hidden_states import HEAD_FILE, INDEX_FILE, DiskSource, row_key
+from specdraft.core.storage import CODECS, Codec, row_bytes
 from specdraft.extract.writer import RankWriter, part_path, recover
+from specdraft.artifacts.layout import RunLayout
 
 STAGE = "extract"
 PLAN_FILE = "plan.json"
@@ -99,7 +100,7 @@ def _device(config: ExtractConfig) -> str:
 def _load_dataset(run_dir: Path) -> Any:
     from datasets import load_from_disk
 
-    path = stage_dir(run_dir, "prepare") / "dataset"
+    path = RunLayout(run_dir).dataset
     try:
         ds = load_from_disk(str(path))
     except Exception as err:  # datasets/pyarrow raise many types for a damaged directory

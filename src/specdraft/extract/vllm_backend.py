@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,21 +31,19 @@ from typing import Any, Sequence
 import torch
 
 from specdraft.core.conventions import supervised_mask
-from specdraft.core.errors import ConfigError, InputError, SpecdraftError
+from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.profile import NormGain, norm_gain
-from specdraft.core.verifier import vllm_python
-from specdraft.extract.capture import Packed
-from specdraft.extract.storage import Codec, encode
+from specdraft.core.verifier import resolve_device, resolve_dtype
+from specdraft.engines.process import EngineError, stop
+from specdraft.engines.python import vllm_python
+from specdraft.core.capture import Packed
+from specdraft.core.storage import Codec, encode
 from specdraft.extract.vllm_worker import done_path, spool_path
 
 FINAL_STATE = ("post_norm (applied by specdraft to the engine's pre-norm state, with the "
                "verifier's norm gain convention: vLLM layer id N is the last layer's output "
                "before the final norm)")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class EngineError(SpecdraftError, RuntimeError):
-    """The vLLM engine failed; the message carries the engine's own last error lines."""
 
 
 # ---------------------------------------------------------------- the verifier, without weights
@@ -129,10 +126,9 @@ def load_engine_verifier(hf_dir: Path, dtype: torch.dtype) -> EngineVerifier:
 
 
 def engine_dtype(config: Any) -> torch.dtype:
-    """``--dtype``; ``auto`` = bf16 when this machine has CUDA, fp32 otherwise (as transformers)."""
-    if config.dtype != "auto":
-        return _DTYPES[config.dtype]
-    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    """``--dtype`` as a torch dtype; ``auto`` by :func:`specdraft.core.verifier.resolve_dtype` on
+    ``--device`` (``auto``: CUDA when this machine has it)."""
+    return _DTYPES[resolve_dtype(config.dtype, resolve_device(getattr(config, "device", None)))]
 
 
 def verifier_hf_dir(config: Any) -> Path:
@@ -174,7 +170,7 @@ def engine_layer_ids(aux_ids: Sequence[int], n_layers: int) -> list[int]:
 def to_packed(hidden: torch.Tensor, loss_mask: Sequence[int], aux_ids: Sequence[int],
               ids: Sequence[int], verifier: EngineVerifier, codec: Codec) -> Packed:
     """One row's engine states ``hidden`` ``[T, len(ids), H]`` (ids ascending) → :class:`Packed`
-    exactly as :func:`specdraft.extract.capture.capture_packed` makes it for the same row.
+    exactly as :func:`specdraft.core.capture.capture_packed` makes it for the same row.
 
     Aux id ``N`` and the final state get :func:`final_norm`; every other id is taken as is.
     """
@@ -263,7 +259,7 @@ def _start_engine(job_dir: Path, config: Any, world: int) -> subprocess.Popen:
     try:
         return subprocess.Popen([vllm_python(config.engine_python), "-m", "specdraft.extract.vllm_worker",
                                  str(job_dir)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
         log.close()
 
@@ -299,12 +295,6 @@ def _ready_rows(spool: Path) -> list[int]:
         return []
     return [int(n[3:12]) for n in os.listdir(spool)
             if n.startswith("row") and n.endswith(".safetensors") and len(n) == 24]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
 
 
 def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str, Any],
@@ -353,7 +343,7 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
                 time.sleep(0.05)
         proc.wait()
     finally:
-        _stop(proc)
+        stop(proc)
     end = time.monotonic()
     if proc.returncode != 0:
         raise EngineError(engine_failure(job_dir / "engine.log", proc.returncode))

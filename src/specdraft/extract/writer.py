@@ -2,7 +2,7 @@
 overlap the verifier's next forward; plus recovery of a killed run.
 
 A shard is *complete* when its file was renamed into place and all its rows (as planned by
-:func:`specdraft.extract.batching.plan_shards`) are listed in the rank's index part
+:func:`specdraft.core.batching.plan_shards`) are listed in the rank's index part
 ``index.rank{r:05d}.jsonl`` (appended with fsync after the rename). On resume anything else is
 distrusted: listed rows of an incomplete or unreadable shard are dropped, unlisted shard files
 are deleted, and those shards are recomputed.
@@ -21,8 +21,8 @@ import torch
 
 from specdraft.core.atomic import atomic_write_text
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
-from specdraft.extract.capture import Packed
-from specdraft.extract.storage import Codec, ShardBuffer, shard_readable
+from specdraft.core.capture import Packed
+from specdraft.core.storage import Codec, ShardBuffer, shard_readable
 
 
 def shard_name(rank: int, shard: int) -> str:

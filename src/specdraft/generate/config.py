@@ -6,20 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from specdraft.artifacts.prompts import DEFAULT_FIELDS
 from specdraft.core.chat import DEFAULT_THINK
 from specdraft.core.config import StageConfig
-
-#: Input field kinds and the column each is read from by default (override with ``--field``).
-DEFAULT_FIELDS: dict[str, str] = {
-    "messages": "messages",          # OpenAI chat messages [{"role", "content"}]
-    "conversations": "conversations",  # ShareGPT [{"from", "value"}]
-    "turns": "turns",                # MT-bench: several user turns
-    "question": "question",          # GSM8K
-    "prompt": "prompt",              # a single user prompt
-    "system": "system",              # optional system prompt column
-    "id": "id",                      # optional given sample id (else `question_id`, else a hash)
-}
-
 
 class GenerateConfig(StageConfig):
     """Settings of the generate stage: the prompt file, the backend (the verifier in-process, or

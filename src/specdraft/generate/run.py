@@ -32,7 +32,7 @@ from specdraft.core.rejects import Rejects
 from specdraft.core.resume import record_settings
 from specdraft.core.rundir import open_stage_dir
 from specdraft.generate.config import GenerateConfig
-from specdraft.generate.inputs import Prompt, read_prompts
+from specdraft.artifacts.prompts import Prompt, read_prompts
 from specdraft.generate.progress import Progress, format_summary
 from specdraft.generate.samples import Checks, SampleState
 

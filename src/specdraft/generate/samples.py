@@ -12,8 +12,8 @@ from typing import Any
 
 from specdraft.core.chat import DEFAULT_THINK, message_for_request
 from specdraft.generate.client import TurnOutput
-from specdraft.generate.inputs import Prompt
-from specdraft.generate.reasoning import Split, extract
+from specdraft.artifacts.prompts import Prompt
+from specdraft.core.reasoning import Split, extract
 
 #: Reject reasons of this stage (``error`` ones are retried by ``--resume``).
 REASONS = ("truncated", "malformed_think", "empty_answer", "empty_reasoning", "error",

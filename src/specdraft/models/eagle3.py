@@ -216,7 +216,7 @@ class Eagle3Config:
 DRAFT_LAYERS: dict[str, bool] = {"llama": False, "qwen3": True, "mla": False}
 
 # The fields of Eagle3Config that change what the drafter computes (not its shape), each written
-# explicitly by every export (specdraft.export.formats) and read back by specdraft.export.reader.
+# explicitly by every export (specdraft.artifacts.formats) and read back by specdraft.artifacts.drafter.
 COMPUTATION_FIELDS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
                       "draft_layer")
 

@@ -79,7 +79,7 @@ def _engine_now_available(config: Any, manifest: dict[str, Any]) -> str | None:
     if config.engine != "auto" or manifest.get("engine") is not None:
         return None
     from specdraft.core.errors import ConfigError
-    from specdraft.core.verifier import vllm_python
+    from specdraft.engines.python import vllm_python
 
     try:
         vllm_python(config.engine_python)

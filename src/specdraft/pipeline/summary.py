@@ -6,36 +6,11 @@ same line the stage's CLI verb prints.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from specdraft.core.manifest import ExportManifest, Manifest
-
-#: HF ids of the verifiers specdraft ships as GGUF (the engines serve the HF checkpoint).
-KNOWN_HF_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
-
-
-def serve_commands(export_dir: str, verifier: str, k: int = 3, topk: int = 1,
-                   num_draft_tokens: int | None = None, fmt: str = "sglang") -> list[str]:
-    """The command lines to serve the exported drafter: vLLM for a chain of ``k`` drafts
-    (``topk`` 1; vLLM 0.32 drafts chains only) and SGLang for a chain or a tree, but only for
-    the ``sglang`` export format, the one SGLang loads (docs/drafters.md). Empty when no engine
-    serves that combination (a tree of a vllm-format drafter). Flags from the engines' docs,
-    see docs/run-dir.md and docs/trees-and-serve-plan.md."""
-    commands = []
-    if topk == 1:
-        spec = json.dumps({"method": "eagle3", "model": export_dir,
-                           "num_speculative_tokens": k})
-        commands.append(f"vllm serve {verifier} --speculative-config '{spec}'")
-    if fmt == "sglang":
-        commands.append(
-            f"python -m sglang.launch_server --model-path {verifier} "
-            f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {export_dir} "
-            f"--speculative-num-steps {k} --speculative-eagle-topk {topk} "
-            f"--speculative-num-draft-tokens {num_draft_tokens or k + 1}")
-    return commands
-
+from specdraft.engines.serve import KNOWN_HF_IDS
 
 def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
     """A plain-text block: one line per stage (elapsed seconds and key figures), then serving."""

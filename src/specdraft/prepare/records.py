@@ -16,7 +16,7 @@ from typing import Any, Iterator
 from specdraft.core.chat import SHAREGPT_ROLES, content_text
 from specdraft.core.errors import InputError, clip
 from specdraft.core.jsonl import iter_jsonl, parse_json, read_json
-from specdraft.generate.reasoning import split_inline
+from specdraft.core.reasoning import split_inline
 from specdraft.prepare.turns import TurnRejected
 
 
@@ -138,7 +138,7 @@ def _message(m: Any, i: int, where: str, *, sharegpt: bool = False) -> dict[str,
 
 def split_inline_reasoning(sample: Sample, tags: tuple[str, str]) -> Sample:
     """``sample`` with think blocks inline in assistant ``content`` moved to ``reasoning``, as
-    ``generate`` stores them (:func:`specdraft.generate.reasoning.split_inline`, same rules).
+    ``generate`` stores them (:func:`specdraft.core.reasoning.split_inline`, same rules).
 
     Messages that already carry a reasoning field are kept as they are. A malformed block (two
     closers, an opener without closer, ...) raises ``malformed_think`` naming the message.

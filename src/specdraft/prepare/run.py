@@ -28,6 +28,7 @@ from specdraft.prepare.records import (Sample, iter_records, iter_turns, split_i
 from specdraft.prepare.stats import Summary
 from specdraft.prepare.turns import Rules, Turn, TurnRejected, check_token_ids, encode_turn
 from specdraft.prepare.writer import DatasetWriter
+from specdraft.artifacts.layout import RunLayout
 
 STAGE = "prepare"
 
@@ -186,7 +187,7 @@ def run(config: PrepareConfig) -> dict[str, Any]:
             if n % 256 == 0:
                 job.rejects.flush()
         _refuse_empty(job, source, out)
-        job.writer.finish(out / "dataset")
+        job.writer.finish(RunLayout(config.run_dir).dataset)
     except BaseException:
         job.writer.abort()
         raise

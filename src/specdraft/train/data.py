@@ -22,9 +22,6 @@ from typing import Any, Sequence
 
 import torch
 
-from specdraft.core.conventions import supervised_positions
-from specdraft.core.errors import InputError
-from specdraft.train.objective import TrainBatch, verifier_targets
 
 MicroBatch = tuple[int, ...]
 
@@ -104,58 +101,3 @@ def rank_micro_batches(plan: Sequence[MicroBatch], step_in_epoch: int, rank: int
     """The ``grad_accum`` micro-batches of ``rank`` for optimizer step ``step_in_epoch``."""
     start = (step_in_epoch * world_size + rank) * grad_accum
     return list(plan[start: start + grad_accum])
-
-
-def check_row(row: Any) -> None:
-    """Raise :class:`InputError` naming ``row.key`` when its tensors disagree with the contract
-    (shapes, and ``target_positions`` = the ``p`` with ``loss_mask[p+1] == 1``)."""
-    T = row.input_ids.numel()
-    if row.loss_mask.shape != (T,) or row.aux_hidden.shape[0] != T:
-        raise InputError(f"row {row.key}: input_ids [{T}] but loss_mask "
-                         f"{list(row.loss_mask.shape)}, aux_hidden {list(row.aux_hidden.shape)}")
-    want = supervised_positions(row.loss_mask)
-    got = row.target_positions.to(torch.long)
-    if not torch.equal(got.cpu(), want.cpu()) or row.final_hidden.shape[0] != got.numel():
-        raise InputError(f"row {row.key}: target_positions/final_hidden "
-                         f"({got.numel()}/{row.final_hidden.shape[0]}) do not match the "
-                         f"positions p with loss_mask[p+1] == 1 ({want.numel()})")
-
-
-class Collator:
-    """Rows -> a right-padded :class:`TrainBatch` with the verifier targets computed.
-
-    head: the verifier's ``lm_head.weight`` [V, H]; d2t [K] int64 (``target = draft + d2t``).
-    Targets are computed on ``device`` (fp32) and the batch is returned there.
-    """
-
-    def __init__(self, lm_head: torch.Tensor, d2t: torch.Tensor, device: torch.device) -> None:
-        self.device = device
-        self.lm_head = lm_head.to(device, torch.float32)
-        self.draft_ids = (torch.arange(d2t.numel()) + d2t).to(device)  # [K] target ids
-        V = lm_head.shape[0]
-        self.t2d_index = torch.full((V,), -1, dtype=torch.long, device=device)
-        self.t2d_index[self.draft_ids] = torch.arange(d2t.numel(), device=device)
-
-    def __call__(self, rows: Sequence[Any]) -> TrainBatch:
-        for row in rows:
-            check_row(row)
-        B, T = len(rows), max(r.input_ids.numel() for r in rows)
-        K, width = self.draft_ids.numel(), rows[0].aux_hidden.shape[1]
-        ids = torch.zeros(B, T, dtype=torch.long)
-        aux = torch.zeros(B, T, width, dtype=torch.float32)
-        sup = torch.zeros(B, T, dtype=torch.bool)
-        probs = []  # [n_b, K] per row; positions ascend (check_row): TrainBatch's packed order
-        label = torch.full((B, T), -1, dtype=torch.long, device=self.device)
-        for b, r in enumerate(rows):
-            n = r.input_ids.numel()
-            ids[b, :n] = r.input_ids
-            aux[b, :n] = r.aux_hidden.float()
-            pos = r.target_positions.long()
-            sup[b, pos] = True
-            p, lab = verifier_targets(r.final_hidden.to(self.device), self.lm_head,
-                                      self.draft_ids, self.t2d_index)
-            probs.append(p)
-            label[b, pos.to(self.device)] = lab
-        n_real = sum(r.input_ids.numel() for r in rows)
-        packed = torch.cat(probs) if probs else torch.zeros(0, K, device=self.device)
-        return TrainBatch(ids, aux, sup, packed, label, n_real).to(self.device)

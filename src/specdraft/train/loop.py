@@ -24,12 +24,14 @@ from specdraft.core.atomic import atomic_open
 from specdraft.core.errors import StageDirError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl
 from specdraft.core.resume import check_resume_settings
+from specdraft.core.verifier import resolve_dtype
 from specdraft.models.eagle3 import Eagle3DraftModel
 from specdraft.core.manifest import write_provenance
 from specdraft.models.io import save_drafter
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import TrainConfig
-from specdraft.train.data import Collator, MicroBatch, plan_epoch, plan_eval, rank_micro_batches
+from specdraft.artifacts.batches import Collator
+from specdraft.train.data import MicroBatch, plan_epoch, plan_eval, rank_micro_batches
 from specdraft.train.distributed import (DistEnv, all_reduce_sum, barrier, full_states, is_fsdp,
                                          load_full_states)
 from specdraft.train.metrics import hit_counts, summarize
@@ -57,8 +59,7 @@ def autocast_context(dtype: str, device: torch.device):
     under ``torch.autocast`` (``auto``: bf16 on CUDA, fp32 on CPU). Autocast only: parameters,
     gradients and AdamW moments stay fp32 (the master weights); matmuls and attention run in
     bf16, norms, softmax and the loss in fp32 (RMSNorm and the loss upcast explicitly)."""
-    if dtype == "auto":
-        dtype = "bfloat16" if device.type == "cuda" else "float32"
+    dtype = resolve_dtype(dtype, device.type)
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=getattr(torch, dtype))

@@ -48,47 +48,14 @@ are unchanged (``hits`` is top-1 at every supervised column).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdraft.artifacts.batches import TrainBatch
 from specdraft.models.eagle3 import Eagle3DraftModel
-
-
-@dataclass
-class TrainBatch:
-    """A right-padded micro-batch; ``p`` indexes positions of the verifier's sequence.
-
-    input_ids [B, T] int64 (pad 0); aux_hidden [B, T, n_aux*Ht] float32; sup [B, T] bool
-    (``loss_mask[p+1] == 1``); target_probs [N, K] float32, N = ``sup.sum()``: the restricted
-    verifier distribution at each supervised position, packed in ``sup.nonzero()`` order
-    (row-major; ``probs_dense[sup]``); label [B, T] int64 (draft id of the verifier's greedy
-    token at ``p``; -1 where unsupervised or outside the draft vocabulary); n_real: real
-    (unpadded) tokens. Packed because a [B, T, K] tensor would be mostly zeros to fill and,
-    per TTT step, a [N, K] gather to read; packed, a step reads a slice (``forward``).
-    """
-
-    input_ids: torch.Tensor
-    aux_hidden: torch.Tensor
-    sup: torch.Tensor
-    target_probs: torch.Tensor
-    label: torch.Tensor
-    n_real: int
-
-    def dense_probs(self) -> torch.Tensor:
-        """``target_probs`` unpacked to [B, T, K] (zeros where not supervised)."""
-        out = self.target_probs.new_zeros(*self.sup.shape, self.target_probs.shape[-1])
-        out[self.sup] = self.target_probs
-        return out
-
-    def to(self, device: torch.device | str) -> "TrainBatch":
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name, value in moved.items():
-            if isinstance(value, torch.Tensor):
-                moved[name] = value.to(device, non_blocking=True)
-        return TrainBatch(**moved)
 
 
 def shift(x: torch.Tensor, k: int, length: int, fill: float | int | bool = 0) -> torch.Tensor:
@@ -99,30 +66,6 @@ def shift(x: torch.Tensor, k: int, length: int, fill: float | int | bool = 0) ->
         pad = torch.full((x.shape[0], missing, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
         out = torch.cat([out, pad], dim=1)
     return out
-
-
-@torch.no_grad()
-def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
-                     t2d_index: torch.Tensor, chunk: int = 1024
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Soft targets and labels from the verifier's final hidden states.
-
-    final_hidden [N, H] (after the verifier's final norm), lm_head [V, H], draft_ids [K] int64
-    (target id of each draft id: ``arange(K) + d2t``), t2d_index [V] int64 (draft id or -1).
-    Returns probs [N, K] float32 (softmax over the draft vocab) and label [N] int64 (draft id of
-    the argmax over the full vocab, -1 when outside the draft vocab). fp32, chunked over N:
-    peak ``chunk·V·4`` bytes for the logits, whatever N (``benchmarks/bench_scale.py``).
-    """
-    probs, labels = [], []
-    head = lm_head.float()
-    for part in final_hidden.float().split(chunk):
-        full = part @ head.T  # [n, V]
-        labels.append(t2d_index[full.argmax(-1)])
-        probs.append(torch.softmax(full[:, draft_ids], dim=-1))  # [n, K]
-        del full  # else the next chunk's [n, V] is allocated while this one is alive
-    if not probs:
-        return head.new_zeros(0, draft_ids.numel()), torch.zeros(0, dtype=torch.long)
-    return torch.cat(probs), torch.cat(labels)
 
 
 def _rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
-from specdraft.core.conventions import vocab_map_problems
 from specdraft.core.errors import ConfigError, InputError, SpecdraftError
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
@@ -24,27 +22,13 @@ from specdraft.models.eagle3 import AUX_CONVENTION, Eagle3Config, Eagle3DraftMod
     default_draft_layer
 from specdraft.models.io import drafter_from_dict
 from specdraft.train.config import TrainConfig
-from specdraft.train.data import Collator, row_lengths, split_indices
+from specdraft.artifacts.batches import Collator
+from specdraft.train.data import row_lengths, split_indices
 from specdraft.train.distributed import DistEnv, barrier, init_distributed, shutdown, wrap
+from specdraft.artifacts.vocab_map import load_vocab_map
 from specdraft.train.loop import Data, Trainer, fit
 from specdraft.train.objective import TTTObjective
-
-VOCAB_FILE = "vocab_map.safetensors"
-
-
-def load_vocab_map(run_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(d2t [K] int64, t2d [V] bool)`` from ``RUN/vocab``; :class:`InputError` if they
-    disagree (every ``draft + d2t[draft]`` must be a distinct id with ``t2d`` set)."""
-    path = stage_dir(run_dir, "vocab") / VOCAB_FILE
-    if not path.exists():
-        raise InputError(f"{path} not found; run `specdraft vocab --run-dir {run_dir}` first")
-    tensors = load_file(str(path))
-    d2t, t2d = tensors["d2t"].long(), tensors["t2d"].bool()
-    problems = vocab_map_problems(d2t, t2d)
-    if problems:
-        raise InputError(f"{path}: {'; '.join(problems)}")
-    return d2t, t2d
-
+from specdraft.artifacts.layout import RunLayout
 
 def verifier_profile(cfg: TrainConfig, verifier: Any, extract_manifest: Any) -> VerifierProfile:
     """The verifier profile the drafter is shaped from: the one ``specdraft extract`` stored in
@@ -75,7 +59,7 @@ def verifier_head(verifier: Any, run_dir: Path) -> dict[str, torch.Tensor]:
     verifier loaded for this stage may hold other values (``train --dtype bfloat16`` loads it in
     bf16: its embedding rounded, the drafter's frozen copy of it would differ from the verifier's
     and export would refuse the drafter)."""
-    from specdraft.extract.source import HEAD_FILE, load_verifier_head
+    from specdraft.artifacts.hidden_states import HEAD_FILE, load_verifier_head
 
     extract = stage_dir(run_dir, "extract")
     if verifier is None or (extract / HEAD_FILE).exists():
@@ -87,7 +71,7 @@ def verifier_head(verifier: Any, run_dir: Path) -> dict[str, torch.Tensor]:
 def open_source(cfg: TrainConfig, verifier: Any, env: DistEnv) -> tuple[Any, Any, dict]:
     """``(source, verifier, inputs)``: a DiskSource over ``RUN/extract`` or, with ``--online``,
     an OnlineSource running the verifier over ``RUN/prepare/dataset``."""
-    from specdraft.extract import source as src
+    from specdraft.artifacts import hidden_states as src
 
     if not cfg.online:
         require_stage(cfg.run_dir, "extract")
@@ -96,14 +80,14 @@ def open_source(cfg: TrainConfig, verifier: Any, env: DistEnv) -> tuple[Any, Any
     import datasets
 
     from specdraft.core.verifier import load_verifier
-    from specdraft.extract.capture import check_aux_ids, default_aux_ids, num_layers
+    from specdraft.core.capture import check_aux_ids, default_aux_ids, num_layers
 
     require_stage(cfg.run_dir, "prepare")
     if verifier is None:
         verifier = load_verifier(cfg.verifier, dtype=cfg.dtype, device=str(env.device))
     n = num_layers(verifier)
     aux = check_aux_ids(cfg.aux_layers, n) if cfg.aux_layers else default_aux_ids(n)
-    dataset = datasets.load_from_disk(str(stage_dir(cfg.run_dir, "prepare") / "dataset"))
+    dataset = datasets.load_from_disk(str(RunLayout(cfg.run_dir).dataset))
     return src.OnlineSource(verifier, dataset, aux, device=env.device), verifier, \
         {"prepare": input_hash(stage_dir(cfg.run_dir, "prepare"))}
 
@@ -192,10 +176,10 @@ def teacher_verifier(cfg: TrainConfig, verifier: Any, extract_manifest: Any, env
 
 
 def preflight_teacher(cfg: TrainConfig, verifier: Any, data: Data, env: DistEnv) -> dict:
-    """The teacher check (:mod:`specdraft.train.teacher_check`) before any step; returns its
+    """The teacher check (:mod:`specdraft.artifacts.teacher_check`) before any step; returns its
     report for the manifest. Raises :class:`InputError` naming the rows when it fails."""
     from specdraft.core.manifest import load_stage_manifest
-    from specdraft.train import teacher_check as tc
+    from specdraft.artifacts import teacher_check as tc
 
     if not cfg.teacher_check:
         return tc.TeacherReport("skipped", reason="--no-teacher-check").to_dict()

@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from specdraft.core.atomic import atomic_open
+from specdraft.artifacts.vocab_map import VOCAB_FILE, save_vocab_map
 from specdraft.core.manifest import PrepareManifest, StageClock, input_hash, write_manifest
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
 from specdraft.vocab import mapping
 from specdraft.vocab.config import VocabConfig
+from specdraft.artifacts.layout import RunLayout
 
 STAGE = "vocab"
 FILL_RULE = ("forced tokens, then by supervised count (desc, ties by lower id), then the lowest "
@@ -41,16 +42,6 @@ def forced_ids(prepare_manifest: PrepareManifest, include_byte_fallback: bool) -
     return sorted({int(i) for g in groups for i in g})
 
 
-def save_maps(path: Path, d2t: np.ndarray, t2d: np.ndarray) -> None:
-    """Write the two tensors atomically with safetensors (no torch needed)."""
-    from safetensors.numpy import save
-
-    blob = save({"d2t": np.ascontiguousarray(d2t, dtype=np.int64),
-                 "t2d": np.ascontiguousarray(t2d, dtype=bool)})
-    with atomic_open(path, "wb") as f:
-        f.write(blob)
-
-
 def token_strings(prepare_manifest: PrepareManifest, ids: list[int]) -> list[str | None]:
     """Token strings for ``ids`` when prepare's tokenizer is an HF directory (fast to load)."""
     path = Path(str(prepare_manifest.tokenizer.get("path", "")))
@@ -73,11 +64,11 @@ def run(config: VocabConfig) -> dict[str, Any]:
     prep = require_stage(config.run_dir, "prepare")
     prep_dir = stage_dir(config.run_dir, "prepare")
     v = int(config.verifier_vocab_size or prep.verifier_vocab_size)
-    counts = supervised_counts(prep_dir / "dataset", v)                # [V]
+    counts = supervised_counts(RunLayout(config.run_dir).dataset, v)                # [V]
     forced = forced_ids(prep, config.include_byte_fallback)
     selected = mapping.select_ids(counts, config.draft_vocab_size, forced)
     d2t, t2d = mapping.build_maps(selected, v)
-    save_maps(out / "vocab_map.safetensors", d2t, t2d)
+    save_vocab_map(out / VOCAB_FILE, d2t, t2d)
     left = mapping.top_left_out(counts, t2d, config.report_left_out)
     names = token_strings(prep, [i for i, _ in left])
     report = {

@@ -24,8 +24,8 @@ import torch
 from specdraft.core.conventions import check_aux_layer_ids, default_aux_layer_ids
 from specdraft.core.errors import ConfigError
 from specdraft.core.conventions import supervised_mask
-from specdraft.extract.batching import Padded
-from specdraft.extract.storage import Codec, encode
+from specdraft.core.batching import Padded
+from specdraft.core.storage import Codec, encode
 
 CONVENTION = (
     "aux id i = HF hidden_states[i] = the input to decoder layer i (the output of layer i-1); "
@@ -79,7 +79,7 @@ def capture(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of the verifier's base model; return ``(aux, final)``.
 
-    Inputs are ``[B, T]`` int64 (right-padded; see :mod:`specdraft.extract.batching`).
+    Inputs are ``[B, T]`` int64 (right-padded; see :mod:`specdraft.core.batching`).
     Returns ``aux`` ``[B, T, n_aux, H]`` in the model's dtype, aux ids in the order given, and
     ``final`` ``[B, T, H]``: the output of the final norm. Values at padded positions are
     meaningless. Aux ids must already be checked (:func:`check_aux_ids`).

@@ -11,13 +11,13 @@ compares a candidate ``(config.json, tensors)`` against it and against the facts
   used at extraction;
 - no missing or unexpected tensor; each tensor identical to the trained one it was taken from;
   ``embed_tokens`` either absent or an exact copy of the verifier's;
-- the rotary each engine builds from ``config.json`` (:func:`specdraft.export.formats.
+- the rotary each engine builds from ``config.json`` (:func:`specdraft.artifacts.formats.
   engine_rope_read`) is the drafter's (type, theta, scaling parameters, partial factor), of a
   type the engines' Llama EAGLE-3 layer computes like transformers (else refused with the
   reason); ``tie_word_embeddings`` is false;
 - every computation field is written, each engine that loads the format computes the trained
   value from ``config.json``, and no engine ignores a field the drafter needs
-  (:func:`specdraft.export.contract.check_contract`).
+  (:func:`specdraft.artifacts.contract.check_contract`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import torch
 
 from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
 from specdraft.core.errors import ConfigError, SpecdraftError
-from specdraft.export.contract import check_contract
-from specdraft.export.formats import (ENGINE_ROPE_TYPES, FORMAT_SPECS, ROPE_REFUSALS,
+from specdraft.artifacts.contract import check_contract
+from specdraft.artifacts.formats import (ENGINE_ROPE_TYPES, FORMAT_SPECS, ROPE_REFUSALS,
                                       engine_rope_read, inverse)
 from specdraft.models.eagle3 import Eagle3Config
 

@@ -4,7 +4,7 @@ Both implementations yield identical :class:`Row` tensors for a row (same captur
 storage rounding): :class:`DiskSource` decodes what ``specdraft extract`` stored;
 :class:`OnlineSource` runs the verifier on each :meth:`~OnlineSource.get_batch` call (one padded
 forward) and rounds through the same codec, so huge datasets need no disk. The convention of the
-tensors is :data:`specdraft.extract.capture.CONVENTION`.
+tensors is :data:`specdraft.core.capture.CONVENTION`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from specdraft.core.conventions import supervised_positions
 from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.jsonl import iter_jsonl
 from specdraft.core.manifest import load_stage_manifest
-from specdraft.extract.batching import pad_rows
-from specdraft.extract.capture import capture_packed, check_aux_ids, decoder_parts
-from specdraft.extract.storage import CODECS, ShardReader, decode
+from specdraft.core.batching import pad_rows
+from specdraft.core.capture import capture_packed, check_aux_ids, decoder_parts
+from specdraft.core.storage import CODECS, ShardReader, decode
+from specdraft.artifacts.layout import HEAD_FILE
 
-HEAD_FILE = "verifier_head.safetensors"
 INDEX_FILE = "index.jsonl"
 
 
@@ -148,7 +148,7 @@ class OnlineSource:
 
     ``model``: an HF causal LM (:func:`specdraft.core.verifier.load_verifier`); ``dataset``: the
     prepare dataset (an HF ``Dataset`` or its directory). ``storage`` (a codec name of
-    :data:`specdraft.extract.storage.CODECS`) rounds values exactly as extraction would store
+    :data:`specdraft.core.storage.CODECS`) rounds values exactly as extraction would store
     them (``"bf16"`` → identical to a bf16 extract); ``"fp32"`` keeps the model's values.
     ``device``, when given, is where the verifier must already be (the model is never moved:
     it may be shared with other stages); rows are returned on ``row_device``.
@@ -206,3 +206,77 @@ def load_verifier_head(extract_dir: str | os.PathLike) -> dict[str, torch.Tensor
     if not path.exists():
         raise StageDirError(f"{path} not found: run `specdraft extract` first")
     return load_file(str(path))
+
+
+# --- the hidden-state probe: stored rows against a fresh forward of a verifier ---------------
+
+PROBE_ROWS = 2            # stored extract rows the hidden-state probe recomputes
+PROBE_MIN_COSINE = 0.9    # mean cosine(stored, recomputed) each captured layer must reach
+
+
+def _cosines(stored: Any, ref: Any) -> Any:
+    """Mean cosine similarity per captured layer: ``stored``/``ref`` ``[T, L, H]`` → ``[L]``."""
+    return torch.nn.functional.cosine_similarity(stored.double(), ref.double(), dim=-1).mean(0)
+
+
+def probe_hidden_states(model: Any, extract_dir: str | os.PathLike, *, rows: int = PROBE_ROWS,
+                        min_cosine: float = PROBE_MIN_COSINE) -> dict[str, Any]:
+    """Recompute the first ``rows`` stored rows of ``extract_dir`` with ``model`` and compare
+    the aux states (every position) and the final state (supervised positions) with what is
+    stored: ``ok`` when every layer's mean cosine similarity is at least ``min_cosine``.
+
+    A change of hidden basis (``h → hQ``, ``Q`` orthogonal) keeps every logit but gives a
+    cosine near 0 (about ``1/sqrt(H)`` for a random ``Q``); bf16/fp8 storage rounding and
+    weight quantization noise keep it near 1. Returns the per-layer cosines (aux ids, then
+    ``final``), the max abs difference and ``ok``."""
+    source = DiskSource(extract_dir)
+    aux_ids, H = source.aux_layer_ids, source.hidden_size
+    picked = list(range(min(rows, len(source))))
+    layers = [str(i) for i in aux_ids] + ["final"]
+    worst = torch.ones(len(layers), dtype=torch.float64)
+    max_abs = 0.0
+    for stored in source.get_batch(picked):
+        padded = pad_rows([stored.input_ids.tolist()], [stored.loss_mask.tolist()])
+        with torch.no_grad():
+            ref = capture_packed(model, padded, aux_ids, CODECS["fp32"])
+        aux_ref = ref.aux[0].float().cpu().view(-1, len(aux_ids), H)
+        aux_st = stored.aux_hidden.float().view(-1, len(aux_ids), H)
+        fin_ref, fin_st = ref.final[0].float().cpu().view(-1, 1, H), \
+            stored.final_hidden.float().view(-1, 1, H)
+        cos = torch.cat([_cosines(aux_st, aux_ref), _cosines(fin_st, fin_ref)
+                         if fin_st.numel() else torch.ones(1, dtype=torch.float64)])
+        worst = torch.minimum(worst, cos)
+        max_abs = max(max_abs, float((aux_st - aux_ref).abs().max()))
+    cosines = {name: round(float(c), 6) for name, c in zip(layers, worst)}
+    return {"rows": picked, "cosine": cosines, "min_cosine": min_cosine,
+            "aux_max_abs_diff": max_abs, "ok": bool((worst >= min_cosine).all()) and bool(picked)}
+
+
+def probe_line(report: dict[str, Any] | None, why_not: str = "") -> str:
+    """The probe's one line (``why_not`` when it did not run)."""
+    if report is None:
+        return f"hidden-state probe: not run ({why_not})"
+    low = min(report["cosine"].values()) if report["cosine"] else 0.0
+    verdict = "passed" if report["ok"] else "FAILED: the verifier's hidden states are not the " \
+        "ones the drafter was trained on (another model, or its hidden basis changed)"
+    return (f"hidden-state probe: {len(report['rows'])} stored rows recomputed, lowest mean "
+            f"cosine {low:.4f} (need >= {report['min_cosine']}): {verdict}")
+
+
+def extract_rows_dir(run_dir: str | os.PathLike | None) -> Path | None:
+    """``RUN/extract`` when it holds stored rows (an index and a manifest), else None."""
+    if run_dir is None:
+        return None
+    d = Path(run_dir) / "extract"
+    return d if (d / "index.jsonl").exists() and (d / "manifest.json").exists() else None
+
+
+def probe_or_skip(model: Any, run_dir: str | os.PathLike | None) -> dict[str, Any]:
+    """Run the probe on ``RUN/extract`` when it has rows; else record why it did not run."""
+    rows = extract_rows_dir(run_dir)
+    if rows is None:
+        why = "no RUN/extract rows (give --run-dir of the run that extracted them); only the " \
+              "recorded identity was compared"
+        return {"ran": False, "line": probe_line(None, why)}
+    report = probe_hidden_states(model, rows)
+    return {"ran": True, **report, "line": probe_line(report)}

@@ -4,10 +4,10 @@ computes when a field is absent or not read, and the refusals that follow.
 Two rules (docs/drafters.md "The drafter contract"):
 
 1. Every field of :data:`specdraft.models.eagle3.COMPUTATION_FIELDS` is written explicitly, with
-   the trained value, in every export format (:mod:`specdraft.export.formats`), and an export
+   the trained value, in every export format (:mod:`specdraft.artifacts.formats`), and an export
    whose engine would not read a field the drafter needs is refused (:func:`export_problems`).
 2. Reading a drafter config written by any tool (:func:`check_foreign_keys`, used by
-   :mod:`specdraft.export.reader` for eval, doctor and export) accepts a key only when specdraft
+   :mod:`specdraft.artifacts.drafter` for eval, doctor and export) accepts a key only when specdraft
    implements it, when it is metadata that cannot change the computation, or when its value is
    the one specdraft computes anyway; any other key is refused by name.
 

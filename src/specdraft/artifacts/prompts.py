@@ -28,6 +28,18 @@ from specdraft.core.chat import SHAREGPT_ROLES, content_text
 from specdraft.core.errors import InputError, clip
 from specdraft.core.jsonl import iter_jsonl, read_json
 
+#: Input field kinds and the column each is read from by default (override with ``--field``).
+DEFAULT_FIELDS: dict[str, str] = {
+    "messages": "messages",          # OpenAI chat messages [{"role", "content"}]
+    "conversations": "conversations",  # ShareGPT [{"from", "value"}]
+    "turns": "turns",                # MT-bench: several user turns
+    "question": "question",          # GSM8K
+    "prompt": "prompt",              # a single user prompt
+    "system": "system",              # optional system prompt column
+    "id": "id",                      # optional given sample id (else `question_id`, else a hash)
+}
+
+
 _ID_FALLBACKS = ("question_id", "sample_id")
 
 

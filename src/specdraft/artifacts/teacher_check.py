@@ -12,7 +12,7 @@ all-zero states from a broken extraction path. This module catches them on a few
    3 rows or more).
 2. **Teacher** (needs the verifier in transformers): for ``teacher_rows`` of those rows, the
    teacher is rebuilt exactly as training builds it
-   (:func:`specdraft.train.objective.verifier_targets` on the stored final state with the
+   (:func:`specdraft.artifacts.batches.verifier_targets` on the stored final state with the
    trainer's ``lm_head`` and draft vocabulary, the tensors of :class:`specdraft.train.data.
    Collator`) and compared with a fresh verifier forward on the same tokens (its own
    ``logits`` at the supervised positions, restricted to the draft vocabulary the same way):
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specdraft.train.objective import verifier_targets
+from specdraft.artifacts.batches import verifier_targets
 
 BAND_FACTOR = 8.0  # a row's median rms for a layer may differ from the others' median by 8x
 ZERO_REL = 1e-6  # a token rms below this fraction of its layer's median counts as zero
@@ -159,7 +159,7 @@ def fresh_logits(model: Any, input_ids: torch.Tensor, positions: torch.Tensor) -
 @torch.no_grad()
 def compare_row(row: Any, model: Any, collator: Any) -> RowTeacher:
     """KL(fresh || stored) and top-1 agreement of one row; ``collator`` is the trainer's
-    :class:`specdraft.train.data.Collator` (its fp32 ``lm_head``, ``draft_ids`` [K] and
+    :class:`specdraft.artifacts.batches.Collator` (its fp32 ``lm_head``, ``draft_ids`` [K] and
     ``t2d_index`` [V], on its device)."""
     device = collator.device
     pos = row.target_positions.long()

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from specdraft.core.errors import InputError, clip
 from specdraft.core.jsonl import read_json
-from specdraft.export.formats import FORMAT_SPECS, detect_format, drafter_config_from_export, \
+from specdraft.artifacts.formats import FORMAT_SPECS, detect_format, drafter_config_from_export, \
     inverse, rename
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
 from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE

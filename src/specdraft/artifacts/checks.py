@@ -21,10 +21,11 @@ from specdraft.core.chat import DEFAULT_THINK, ChatFormat
 from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
 from specdraft.core.errors import ConfigError
 from specdraft.core.manifest import ExtractManifest, PrepareManifest
-from specdraft.export.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
-from specdraft.export.contract import check_contract
-from specdraft.export.reader import DrafterOnDisk
+from specdraft.artifacts.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
+from specdraft.artifacts.contract import check_contract
+from specdraft.artifacts.drafter import DrafterOnDisk
 from specdraft.models.eagle3 import COMPUTATION_FIELDS
+from specdraft.artifacts.layout import RunLayout
 
 
 @dataclass
@@ -146,11 +147,11 @@ def check_vocab(s: Subject) -> Check:
 def coverage(s: Subject, t2d: torch.Tensor) -> float | None:
     """Share of loss-masked tokens of ``RUN/prepare/dataset`` (first 2000 rows) in the draft
     vocab; None without a prepared dataset."""
-    if s.run_dir is None or not (s.run_dir / "prepare" / "dataset").exists():
+    if s.run_dir is None or not RunLayout(s.run_dir).dataset.exists():
         return None
     from datasets import load_from_disk
 
-    ds = load_from_disk(str(s.run_dir / "prepare" / "dataset"))
+    ds = load_from_disk(str(RunLayout(s.run_dir).dataset))
     inside = total = 0
     for row in ds.select(range(min(len(ds), 2000))):
         ids = torch.tensor(row["input_ids"], dtype=torch.long)
@@ -178,7 +179,7 @@ def check_embed(s: Subject) -> Check:
 def check_computation_fields(s: Subject) -> Check:
     """Every computation field (``norm_before_residual``, the EAGLE-3.1 norms, the layer) written
     explicitly, each engine that loads this format computing the drafter's value from it, and
-    none of them ignoring a field the drafter needs (:func:`specdraft.export.contract.
+    none of them ignoring a field the drafter needs (:func:`specdraft.artifacts.contract.
     check_contract`): vLLM's llama_eagle3 path defaults ``norm_before_residual`` to false, its
     speculators reader to true; SGLang reads none of them."""
     raw, c = s.drafter.raw_config, s.drafter.config
@@ -234,16 +235,16 @@ def check_think_tokens(s: Subject) -> Check:
 
 def check_teacher(s: Subject) -> Check:
     """The stored teacher of a few ``RUN/extract`` rows equals a fresh forward of this verifier
-    and the rows' hidden states are in band (:mod:`specdraft.train.teacher_check`, the check
+    and the rows' hidden states are in band (:mod:`specdraft.artifacts.teacher_check`, the check
     train runs before its first step)."""
     name = "stored teacher = the verifier's own distribution, hidden states in band"
     if s.run_dir is None or s.extract is None or not (s.run_dir / "vocab").exists() \
             or not (s.run_dir / "extract" / "index.jsonl").exists():
         return Check(name, True, "no RUN/extract rows and RUN/vocab: not applicable")
-    from specdraft.extract.source import DiskSource, load_verifier_head
-    from specdraft.train import teacher_check as tc
-    from specdraft.train.data import Collator
-    from specdraft.train.run import load_vocab_map
+    from specdraft.artifacts.hidden_states import DiskSource, load_verifier_head
+    from specdraft.artifacts import teacher_check as tc
+    from specdraft.artifacts.batches import Collator
+    from specdraft.artifacts.vocab_map import load_vocab_map
 
     extract = s.run_dir / "extract"
     d2t, _ = load_vocab_map(s.run_dir)
@@ -275,9 +276,9 @@ def check_verifier_identity(s: Subject) -> Check:
 
 def check_hidden_probe(s: Subject) -> Check:
     """A few ``RUN/extract`` rows recomputed with this verifier have the stored hidden states
-    (:func:`specdraft.core.verifier_identity.probe_hidden_states`): catches a verifier whose
+    (:func:`specdraft.artifacts.hidden_states.probe_hidden_states`): catches a verifier whose
     hidden basis changed (QuaRot-style rotation) while its logits, and every check above, agree."""
-    from specdraft.core.verifier_identity import probe_or_skip
+    from specdraft.artifacts.hidden_states import probe_or_skip
 
     report = probe_or_skip(s.verifier, s.run_dir)
     return Check("hidden states = the ones the drafter was trained on",
@@ -290,3 +291,35 @@ CHECKS: list[Callable[[Subject], Check]] = [
     check_shapes, check_aux_ids, check_vocab, check_embed, check_computation_fields,
     check_max_positions, check_chat_template, check_think_tokens, check_teacher,
     check_verifier_identity, check_hidden_probe]
+
+
+def subject(target: str | Path, verifier_path: str, *, verifier: Any | None = None,
+            dtype: str = "auto") -> Subject:
+    """What to check: the drafter of ``target`` (a run directory's drafter,
+    :meth:`RunLayout.drafter`, or a drafter directory), the verifier (``verifier`` when loaded,
+    else ``verifier_path`` loaded in ``dtype``) and, for a run, its upstream manifests."""
+    from specdraft.artifacts.drafter import read_drafter
+    from specdraft.core.chat import run_chat_format
+    from specdraft.core.manifest import load_stage_manifest
+    from specdraft.core.verifier import load_tokenizer, load_verifier
+
+    layout = RunLayout(target)
+    run = layout.root if layout.is_run() else None
+    return Subject(
+        drafter=read_drafter(layout.drafter() if run else layout.root),
+        verifier=verifier if verifier is not None else load_verifier(verifier_path, dtype=dtype),
+        tokenizer=load_tokenizer(verifier_path), run_dir=run,
+        extract=load_stage_manifest(run / "extract") if run else None,
+        prepare=load_stage_manifest(run / "prepare") if run else None,
+        chat_format=run_chat_format(run), verifier_path=verifier_path)
+
+
+def check_drafter(target: str | Path, verifier_path: str, *, verifier: Any | None = None,
+                  dtype: str = "auto") -> dict[str, Any]:
+    """Run every check of :data:`CHECKS` on :func:`subject`'s drafter and verifier:
+    ``{"drafter", "format", "ok", "checks": [{name, ok, detail, fix}]}``. Writes nothing; used
+    by ``specdraft doctor`` and by eval to explain an engine gap."""
+    s = subject(target, verifier_path, verifier=verifier, dtype=dtype)
+    checks = [c(s).to_dict() for c in CHECKS]
+    return {"drafter": str(s.drafter.path), "format": s.drafter.format,
+            "ok": all(c["ok"] for c in checks), "checks": checks}

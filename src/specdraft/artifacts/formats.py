@@ -44,7 +44,7 @@ from typing import Any, Callable
 
 import torch
 
-from specdraft.export.contract import check_foreign_keys, engine_computation
+from specdraft.artifacts.contract import check_foreign_keys, engine_computation
 from specdraft.models.eagle3 import Eagle3Config
 
 FORMATS = ("sglang", "vllm", "speculators")
@@ -77,7 +77,7 @@ def hf_to_sglang_ids(ids: list[int]) -> list[int]:
 
     First id 2: ``ids - 1`` (read back identically before and after SGLang PR #25454). Other
     first ids: as-is (the current rule). A first id of 1 has no SGLang spelling (module doc): it
-    is written as-is and :func:`specdraft.export.validate.check_aux_ids` refuses it.
+    is written as-is and :func:`specdraft.artifacts.validate.check_aux_ids` refuses it.
     """
     ids = [int(i) for i in ids]
     if ids and ids[0] == 2:
@@ -304,9 +304,9 @@ def detect_format(cfg: dict[str, Any]) -> str:
 def drafter_config_from_export(cfg: dict[str, Any], fmt: str) -> Eagle3Config:
     """Rebuild :class:`Eagle3Config` from an exported ``config.json`` (ids back in our
     convention, read the way ``fmt``'s engine reads them; the computation fields as vLLM
-    computes them from it, :func:`specdraft.export.contract.engine_computation`). Raises
+    computes them from it, :func:`specdraft.artifacts.contract.engine_computation`). Raises
     KeyError on a missing key, ValueError naming every key specdraft does not implement
-    (:func:`specdraft.export.contract.check_foreign_keys`)."""
+    (:func:`specdraft.artifacts.contract.check_foreign_keys`)."""
     layer = cfg["transformer_layer_config"] if fmt == "speculators" else cfg
     ids = FORMAT_SPECS[fmt].read_hf_ids(cfg)
     if ids is None:

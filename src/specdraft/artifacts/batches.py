@@ -1,0 +1,131 @@
+"""Stored rows (:mod:`specdraft.artifacts.hidden_states`) -> training batches: the right-padded
+:class:`TrainBatch` and the verifier targets, the soft distribution over the draft vocabulary and
+the greedy label (``target = draft + d2t[draft]``, :mod:`specdraft.core.conventions`).
+
+Shared by ``train`` (every micro-batch) and the teacher check (``train`` before its first step,
+``doctor``): one computation of what the drafter is taught.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Sequence
+
+import torch
+
+from specdraft.core.conventions import supervised_positions
+from specdraft.core.errors import InputError
+
+
+@dataclass
+class TrainBatch:
+    """A right-padded micro-batch; ``p`` indexes positions of the verifier's sequence.
+
+    input_ids [B, T] int64 (pad 0); aux_hidden [B, T, n_aux*Ht] float32; sup [B, T] bool
+    (``loss_mask[p+1] == 1``); target_probs [N, K] float32, N = ``sup.sum()``: the restricted
+    verifier distribution at each supervised position, packed in ``sup.nonzero()`` order
+    (row-major; ``probs_dense[sup]``); label [B, T] int64 (draft id of the verifier's greedy
+    token at ``p``; -1 where unsupervised or outside the draft vocabulary); n_real: real
+    (unpadded) tokens. Packed because a [B, T, K] tensor would be mostly zeros to fill and,
+    per TTT step, a [N, K] gather to read; packed, a step reads a slice (``forward``).
+    """
+
+    input_ids: torch.Tensor
+    aux_hidden: torch.Tensor
+    sup: torch.Tensor
+    target_probs: torch.Tensor
+    label: torch.Tensor
+    n_real: int
+
+    def dense_probs(self) -> torch.Tensor:
+        """``target_probs`` unpacked to [B, T, K] (zeros where not supervised)."""
+        out = self.target_probs.new_zeros(*self.sup.shape, self.target_probs.shape[-1])
+        out[self.sup] = self.target_probs
+        return out
+
+    def to(self, device: torch.device | str) -> "TrainBatch":
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, torch.Tensor):
+                moved[name] = value.to(device, non_blocking=True)
+        return TrainBatch(**moved)
+
+
+@torch.no_grad()
+def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
+                     t2d_index: torch.Tensor, chunk: int = 1024
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Soft targets and labels from the verifier's final hidden states.
+
+    final_hidden [N, H] (after the verifier's final norm), lm_head [V, H], draft_ids [K] int64
+    (target id of each draft id: ``arange(K) + d2t``), t2d_index [V] int64 (draft id or -1).
+    Returns probs [N, K] float32 (softmax over the draft vocab) and label [N] int64 (draft id of
+    the argmax over the full vocab, -1 when outside the draft vocab). fp32, chunked over N:
+    peak ``chunk·V·4`` bytes for the logits, whatever N (``benchmarks/bench_scale.py``).
+    """
+    probs, labels = [], []
+    head = lm_head.float()
+    for part in final_hidden.float().split(chunk):
+        full = part @ head.T  # [n, V]
+        labels.append(t2d_index[full.argmax(-1)])
+        probs.append(torch.softmax(full[:, draft_ids], dim=-1))  # [n, K]
+        del full  # else the next chunk's [n, V] is allocated while this one is alive
+    if not probs:
+        return head.new_zeros(0, draft_ids.numel()), torch.zeros(0, dtype=torch.long)
+    return torch.cat(probs), torch.cat(labels)
+
+
+
+def check_row(row: Any) -> None:
+    """Raise :class:`InputError` naming ``row.key`` when its tensors disagree with the contract
+    (shapes, and ``target_positions`` = the ``p`` with ``loss_mask[p+1] == 1``)."""
+    T = row.input_ids.numel()
+    if row.loss_mask.shape != (T,) or row.aux_hidden.shape[0] != T:
+        raise InputError(f"row {row.key}: input_ids [{T}] but loss_mask "
+                         f"{list(row.loss_mask.shape)}, aux_hidden {list(row.aux_hidden.shape)}")
+    want = supervised_positions(row.loss_mask)
+    got = row.target_positions.to(torch.long)
+    if not torch.equal(got.cpu(), want.cpu()) or row.final_hidden.shape[0] != got.numel():
+        raise InputError(f"row {row.key}: target_positions/final_hidden "
+                         f"({got.numel()}/{row.final_hidden.shape[0]}) do not match the "
+                         f"positions p with loss_mask[p+1] == 1 ({want.numel()})")
+
+
+class Collator:
+    """Rows -> a right-padded :class:`TrainBatch` with the verifier targets computed.
+
+    head: the verifier's ``lm_head.weight`` [V, H]; d2t [K] int64 (``target = draft + d2t``).
+    Targets are computed on ``device`` (fp32) and the batch is returned there.
+    """
+
+    def __init__(self, lm_head: torch.Tensor, d2t: torch.Tensor, device: torch.device) -> None:
+        self.device = device
+        self.lm_head = lm_head.to(device, torch.float32)
+        self.draft_ids = (torch.arange(d2t.numel()) + d2t).to(device)  # [K] target ids
+        V = lm_head.shape[0]
+        self.t2d_index = torch.full((V,), -1, dtype=torch.long, device=device)
+        self.t2d_index[self.draft_ids] = torch.arange(d2t.numel(), device=device)
+
+    def __call__(self, rows: Sequence[Any]) -> TrainBatch:
+        for row in rows:
+            check_row(row)
+        B, T = len(rows), max(r.input_ids.numel() for r in rows)
+        K, width = self.draft_ids.numel(), rows[0].aux_hidden.shape[1]
+        ids = torch.zeros(B, T, dtype=torch.long)
+        aux = torch.zeros(B, T, width, dtype=torch.float32)
+        sup = torch.zeros(B, T, dtype=torch.bool)
+        probs = []  # [n_b, K] per row; positions ascend (check_row): TrainBatch's packed order
+        label = torch.full((B, T), -1, dtype=torch.long, device=self.device)
+        for b, r in enumerate(rows):
+            n = r.input_ids.numel()
+            ids[b, :n] = r.input_ids
+            aux[b, :n] = r.aux_hidden.float()
+            pos = r.target_positions.long()
+            sup[b, pos] = True
+            p, lab = verifier_targets(r.final_hidden.to(self.device), self.lm_head,
+                                      self.draft_ids, self.t2d_index)
+            probs.append(p)
+            label[b, pos.to(self.device)] = lab
+        n_real = sum(r.input_ids.numel() for r in rows)
+        packed = torch.cat(probs) if probs else torch.zeros(0, K, device=self.device)
+        return TrainBatch(ids, aux, sup, packed, label, n_real).to(self.device)

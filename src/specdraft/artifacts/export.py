@@ -1,0 +1,285 @@
+"""An engine export of a drafter, validated before a byte is written: the facts it is checked
+against, the candidate ``config.json`` + tensors, every problem, and the atomic write.
+
+Used by ``specdraft export`` (which adds its manifest and provenance) and by eval, which exports
+a specdraft drafter for the engine it runs. Order: read the upstream facts (extraction aux ids,
+verifier embedding and layer count, profile, identity), build the candidate in memory, collect
+every problem (:func:`specdraft.artifacts.validate.check_export` and the binding checks here);
+:class:`ExportRefused` lists them all and nothing is written.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdraft.artifacts.drafter import EXPORT_CONFIG, EXPORT_WEIGHTS, DrafterOnDisk
+from specdraft.artifacts.formats import FORMAT_SPECS, build_config, rename
+from specdraft.artifacts.layout import RunLayout
+from specdraft.artifacts.validate import ExportRefused, check_export
+from specdraft.core.atomic import atomic_dir, atomic_write_json
+from specdraft.core.errors import ConfigError
+from specdraft.core.manifest import MANIFEST, input_hash, load_stage_manifest
+from specdraft.core.profile import VerifierProfile
+from specdraft.core.rundir import stage_dir
+from specdraft.core.verifier_identity import drafter_identity
+from specdraft.models.eagle3 import Eagle3Config
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export and against which facts; the fields (and defaults) of
+    :class:`specdraft.export.config.ExportConfig`, which is passed as is by ``specdraft export``."""
+
+    format: str = "sglang"
+    run_dir: Path | None = None
+    verifier: str | None = None
+    verifier_name: str | None = None
+    embed: str = "auto"
+    speculative_tokens: int = 3
+    dtype: str = "auto"
+    aux_layers: tuple[int, ...] | None = None
+    allow_other_verifier: bool = False
+
+
+@dataclass
+class Candidate:
+    """A validated export in memory: ``config`` (config.json), ``tensors`` (under the format's
+    names), the facts it was checked against, the drafter's verifier profile and identity, and
+    the binding to ``--verifier``."""
+
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    facts: dict[str, Any]
+    profile: VerifierProfile | None
+    identity: dict[str, Any] | None
+    binding: dict[str, Any] | None
+
+
+def upstream_facts(config: ExportRequest) -> dict[str, Any]:
+    """Extraction aux ids and layer count, verifier embedding / name / architectures, and the
+    hashes of the upstream manifests read. Missing upstream pieces are None (refused later by
+    :func:`missing_facts`); a manifest key of the wrong type raises :class:`InputError`."""
+    facts: dict[str, Any] = {"extract_ids": None, "n_layers": None, "embed": None,
+                             "verifier_name": config.verifier_name or config.verifier,
+                             "architectures": [], "inputs": {}, "ids_missing_in": None,
+                             "extract_profile": None, "verifier_profile": None,
+                             "extract_identity": None}
+    if config.run_dir is not None:
+        for stage in ("extract", "train"):
+            if (stage_dir(config.run_dir, stage) / MANIFEST).exists():
+                facts["inputs"][stage] = input_hash(stage_dir(config.run_dir, stage))
+        ex = load_stage_manifest(stage_dir(config.run_dir, "extract"))
+        if ex is not None:
+            facts["extract_ids"] = [int(i) for i in ex.aux_layer_ids] or None
+            facts["ids_missing_in"] = None if facts["extract_ids"] else \
+                stage_dir(config.run_dir, "extract") / MANIFEST
+            facts["n_layers"] = ex.n_layers
+            facts["extract_profile"] = ex.profile
+            facts["extract_identity"] = ex.verifier_identity
+            facts["verifier_name"] = facts["verifier_name"] or ex.config.get("verifier")
+        else:
+            facts["extract_ids"] = _online_ids(config.run_dir)
+        head = RunLayout(config.run_dir).verifier_head
+        if head.exists():
+            facts["embed"] = load_file(str(head)).get("embed_tokens.weight")
+    if facts["extract_ids"] is None and config.aux_layers:
+        facts["extract_ids"] = list(config.aux_layers)
+    elif facts["extract_ids"] and config.aux_layers and \
+            list(config.aux_layers) != facts["extract_ids"]:
+        raise ConfigError(f"--aux-layers {','.join(map(str, config.aux_layers))} differ from "
+                          f"RUN/extract/manifest.json aux_layer_ids {facts['extract_ids']}; drop "
+                          f"--aux-layers (the manifest records what was extracted)")
+    if config.verifier is not None:
+        _verifier_facts(config.verifier, facts)
+    return facts
+
+
+def _online_ids(run_dir: Path) -> list[int] | None:
+    """The aux ids an online training run (no ``RUN/extract``) captured, from
+    ``RUN/train/manifest.json`` (``config.online`` and ``drafter_config.aux_layer_ids``)."""
+    train = load_stage_manifest(stage_dir(run_dir, "train"))
+    if train is None or not train.config.get("online"):
+        return None
+    return [int(i) for i in train.drafter_config.get("aux_layer_ids") or []] or None
+
+
+def missing_facts(config: ExportRequest, trained: dict[str, torch.Tensor], c: Eagle3Config,
+                  facts: dict[str, Any]) -> list[str]:
+    """The facts an export must be checked against and that are unknown, each with how to
+    supply it: the aux ids used at extraction, the verifier's layer count, and the verifier's
+    embedding when the trained state holds one. An export is refused, never guessed."""
+    problems = []
+    ids = list(c.aux_layer_ids)
+    if facts["extract_ids"] is None:
+        where = facts["ids_missing_in"]
+        problems.append(
+            (f"{where} has no aux_layer_ids (missing or empty)" if where else
+             "no record of the aux ids the features were extracted with (no "
+             "RUN/extract/manifest.json)") +
+            f": the drafter's aux ids {ids} cannot be checked; re-run `specdraft extract`, or "
+            f"pass --aux-layers {','.join(map(str, ids))} if those are the ids used at extraction")
+    if facts["n_layers"] is None:
+        problems.append("the verifier's layer count is unknown (no n_layers in "
+                        "RUN/extract/manifest.json): the aux ids' range cannot be checked; pass "
+                        "--verifier")
+    if facts["embed"] is None and "embed_tokens.weight" in trained:
+        problems.append("the verifier's embedding is unknown (no "
+                        "RUN/extract/verifier_head.safetensors): the trained embed_tokens.weight "
+                        "cannot be checked to be the verifier's; pass --verifier")
+    return problems
+
+
+def _verifier_facts(verifier: str, facts: dict[str, Any]) -> None:
+    """Layer count, architectures and profile from the verifier's config; its embedding when
+    the extraction head did not provide it (loads the model)."""
+    from specdraft.core.profile import resolve_profile
+    from specdraft.core.verifier import load_verifier
+
+    model = load_verifier(verifier) if facts["embed"] is None else None
+    if model is not None:
+        facts["embed"] = model.get_input_embeddings().weight.detach().cpu()
+        hf = model.config
+    else:
+        from specdraft.core.verifier import load_hf_config
+
+        hf = load_hf_config(verifier)
+    facts["verifier_profile"] = resolve_profile(hf, model=model)
+    hf = getattr(hf, "text_config", None) or hf
+    facts["n_layers"] = facts["n_layers"] or facts["verifier_profile"].n_layers
+    facts["architectures"] = list(getattr(hf, "architectures", None) or [])
+
+
+def drafter_profile(c: Eagle3Config, facts: dict[str, Any]) -> VerifierProfile | None:
+    """The verifier profile the drafter was built from (its config's, else the extraction's)."""
+    if c.verifier_profile is not None:
+        return VerifierProfile.from_dict(c.verifier_profile, source="drafter config "
+                                         "verifier_profile")
+    return facts["extract_profile"]
+
+
+def profile_problems(config: ExportRequest, profile: VerifierProfile | None,
+                     facts: dict[str, Any]) -> list[str]:
+    """The drafter's verifier profile against RUN/extract's and against ``--verifier``'s: a
+    mismatch means the drafter was shaped or trained for another verifier; each field named."""
+    problems = []
+    checks = [("RUN/extract/manifest.json profile", facts["extract_profile"]),
+              (f"--verifier {config.verifier}", facts["verifier_profile"])]
+    for where, other in checks:
+        if profile is None or other is None:
+            continue
+        diff = profile.mismatches(other)
+        if diff:
+            problems.append(f"the drafter's verifier profile differs from {where}: "
+                            f"{'; '.join(diff)} (mine != theirs); the drafter was built for "
+                            f"another verifier: retrain it for this one")
+    return problems
+
+
+def identity_problems(config: ExportRequest, identity: dict[str, Any] | None,
+                      facts: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
+    """``(problems, binding)``: the drafter's recorded verifier identity
+    (:mod:`specdraft.core.verifier_identity`) against RUN/extract's and against ``--verifier``'s.
+    Another model is a problem naming what differs (``--allow-other-verifier`` lets
+    ``--verifier`` through, recorded in ``binding``); a quantized variant passes with a line."""
+    from specdraft.core.verifier_identity import bind, compare
+
+    problems = []
+    if identity and facts["extract_identity"]:
+        c = compare(identity, facts["extract_identity"])
+        if c.kind == "other":
+            problems.append(f"the drafter was trained on another verifier than the one "
+                            f"RUN/extract/manifest.json recorded: {'; '.join(c.differences)}; "
+                            f"export the drafter of this run")
+    if config.verifier is None:
+        return problems, None
+    binding = bind(identity, config.verifier, allow_other=config.allow_other_verifier,
+                   flag="--allow-other-verifier")
+    if binding["refusal"]:
+        problems.append(binding["refusal"])
+    return problems, binding
+
+
+def export_tensors(fmt: str, trained: dict[str, torch.Tensor], embed: torch.Tensor | None,
+                   dtype: str) -> dict[str, torch.Tensor]:
+    """The tensors to write, under ``fmt``'s names: the trained state minus its own embedding,
+    plus ``embed`` (the verifier's) when given; floats cast to ``dtype`` unless ``auto``."""
+    state = {k: v for k, v in trained.items() if k != "embed_tokens.weight"}
+    if embed is not None:
+        state["embed_tokens.weight"] = embed
+    if dtype != "auto":
+        to = getattr(torch, dtype)
+        state = {k: v.to(to) if v.is_floating_point() else v for k, v in state.items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    return rename(state, FORMAT_SPECS[fmt].rename)
+
+
+def embed_problems(config: ExportRequest, trained: dict[str, torch.Tensor],
+                   verifier_embed: torch.Tensor | None) -> list[str]:
+    """A trained embedding that is not the verifier's means the drafter was trained on the wrong
+    inputs; ``--embed copy`` needs the verifier's embedding."""
+    problems = []
+    own = trained.get("embed_tokens.weight")
+    if own is not None and verifier_embed is not None and \
+            (own.shape != verifier_embed.shape or not torch.equal(own, verifier_embed.to(own.dtype))):
+        problems.append("the trained state's embed_tokens.weight is not the verifier's embedding "
+                        "(random init or another model): the drafter was trained on inputs the "
+                        "engines will not give it; retrain with the verifier's embedding")
+    if config.embed == "copy" and verifier_embed is None:
+        problems.append("--embed copy: the verifier's embedding is unknown (no "
+                        "RUN/extract/verifier_head.safetensors); pass --verifier")
+    return problems
+
+
+def candidate(config: ExportRequest, c: Eagle3Config, trained: dict[str, torch.Tensor],
+              facts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config.json, tensors) of the export, in memory."""
+    embed = facts["embed"] if config.embed != "omit" else None
+    cfg = build_config(config.format, c, verifier_name=facts["verifier_name"] or "",
+                       verifier_architectures=facts["architectures"],
+                       speculative_tokens=config.speculative_tokens)
+    if config.dtype != "auto":
+        cfg["torch_dtype"] = config.dtype
+    else:
+        first = next(v for v in trained.values() if v.is_floating_point())
+        cfg["torch_dtype"] = str(first.dtype).removeprefix("torch.")
+    return cfg, export_tensors(config.format, trained, embed, config.dtype)
+
+
+def validated_candidate(config: ExportRequest, src: DrafterOnDisk) -> Candidate:
+    """The export of ``src`` as ``config`` asks, with every check run.
+
+    Raises :class:`ExportRefused` listing every problem (nothing is written by this function),
+    :class:`ConfigError` for ``--aux-layers`` contradicting the extraction, :class:`InputError`
+    for a malformed upstream manifest."""
+    facts = upstream_facts(config)
+    cfg, tensors = candidate(config, src.config, src.state, facts)
+    profile = drafter_profile(src.config, facts)
+    problems = missing_facts(config, src.state, src.config, facts)
+    problems += profile_problems(config, profile, facts)
+    identity = drafter_identity(src.path, src.config) or facts["extract_identity"]
+    more, binding = identity_problems(config, identity, facts)
+    problems += more
+    problems += embed_problems(config, src.state, facts["embed"])
+    problems += check_export(config.format, cfg, tensors, src.config, trained=src.state,
+                             verifier_embed=facts["embed"], extract_ids=facts["extract_ids"],
+                             n_layers=facts["n_layers"])
+    if problems:
+        raise ExportRefused(problems)
+    return Candidate(cfg, tensors, facts, profile, identity, binding)
+
+
+@contextmanager
+def write_export(out: Path, c: Candidate) -> Iterator[Path]:
+    """Write ``c`` into ``out`` atomically (temp dir + rename): ``config.json`` and
+    ``model.safetensors``. Yields the temp directory so the caller can add files (provenance)
+    before the rename; an exception leaves ``out`` as it was."""
+    with atomic_dir(out) as tmp:
+        atomic_write_json(tmp / EXPORT_CONFIG, c.config)
+        save_file(c.tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt"})
+        yield tmp

@@ -1,0 +1,34 @@
+"""The command lines that serve an exported drafter in vLLM and SGLang.
+
+Flags from the engines' own documentation (vLLM ``--speculative-config``; SGLang
+``--speculative-algorithm EAGLE3`` with its step, top-k and draft-token flags), see
+docs/run-dir.md and docs/trees-and-serve-plan.md.
+"""
+
+from __future__ import annotations
+
+import json
+
+#: HF ids of the verifiers specdraft ships as GGUF (the engines serve the HF checkpoint).
+KNOWN_HF_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def serve_commands(export_dir: str, verifier: str, k: int = 3, topk: int = 1,
+                   num_draft_tokens: int | None = None, fmt: str = "sglang") -> list[str]:
+    """The command lines to serve the exported drafter: vLLM for a chain of ``k`` drafts
+    (``topk`` 1; vLLM 0.32 drafts chains only) and SGLang for a chain or a tree, but only for
+    the ``sglang`` export format, the one SGLang loads (docs/drafters.md). Empty when no engine
+    serves that combination (a tree of a vllm-format drafter). Flags from the engines' docs,
+    see docs/run-dir.md and docs/trees-and-serve-plan.md."""
+    commands = []
+    if topk == 1:
+        spec = json.dumps({"method": "eagle3", "model": export_dir,
+                           "num_speculative_tokens": k})
+        commands.append(f"vllm serve {verifier} --speculative-config '{spec}'")
+    if fmt == "sglang":
+        commands.append(
+            f"python -m sglang.launch_server --model-path {verifier} "
+            f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {export_dir} "
+            f"--speculative-num-steps {k} --speculative-eagle-topk {topk} "
+            f"--speculative-num-draft-tokens {num_draft_tokens or k + 1}")
+    return commands

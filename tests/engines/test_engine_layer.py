@@ -1,0 +1,88 @@
+"""The engine layer (docs/architecture.md): one error type, one way to stop an engine, one python
+lookup per engine, one rule for ``dtype: auto``."""
+
+import ast
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specdraft.core.verifier import resolve_dtype
+from specdraft.engines import process
+from specdraft.engines.python import engine_python, sglang_python
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "specdraft"
+
+
+def defined_errors(src: Path = SRC) -> dict[str, list[str]]:
+    """Exception classes (names ending in Error) -> the modules that define one of that name."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error"):
+                found.setdefault(node.name, []).append(str(path.relative_to(src)))
+    return found
+
+
+def test_every_error_type_is_defined_once():
+    errors = defined_errors()
+    assert errors["EngineError"] == ["engines/process.py"]
+    assert {k: v for k, v in errors.items() if len(v) > 1} == {}
+
+
+def test_a_second_engine_error_would_be_caught(tmp_path):
+    """Planted fault: the two EngineError classes this layer replaced."""
+    for mod in ("eval", "extract"):
+        (tmp_path / mod).mkdir()
+        (tmp_path / mod / "engine.py").write_text("class EngineError(RuntimeError):\n    pass\n")
+    assert defined_errors(tmp_path) == {"EngineError": ["eval/engine.py", "extract/engine.py"]}
+
+
+@pytest.mark.parametrize("dtype, device, want", [
+    ("auto", "cpu", "float32"), ("auto", "cuda", "bfloat16"), ("auto", "cuda:3", "bfloat16"),
+    ("bfloat16", "cpu", "bfloat16"), ("float32", "cuda", "float32"), ("float16", "cuda", "float16")])
+def test_one_rule_for_auto_dtype(dtype, device, want):
+    assert resolve_dtype(dtype, device) == want
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split()[2] == "Z")
+
+
+@pytest.mark.timeout(120)
+def test_stop_reaches_what_the_engine_spawned(tmp_path):
+    """An engine that ignores SIGTERM and has a child of its own: both are gone after stop()."""
+    pidfile = tmp_path / "child"
+    script = ("import signal, subprocess, sys, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+              f"open({str(pidfile)!r}, 'w').write(str(c.pid))\n"
+              "time.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    while not pidfile.exists() or not pidfile.read_text():
+        assert proc.poll() is None
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    process.stop(proc, grace_s=1)
+    time.sleep(0.2)
+    assert proc.poll() is not None and not _alive(child)
+
+
+def test_python_lookup_per_engine(tmp_path, monkeypatch):
+    py = tmp_path / "python"
+    py.write_text("")
+    monkeypatch.setenv("SPECDRAFT_SGLANG_PYTHON", "/opt/sglang/bin/python")
+    assert sglang_python() == engine_python("sglang") == "/opt/sglang/bin/python"
+    assert engine_python("sglang", str(py)) == str(py)
+    monkeypatch.delenv("SPECDRAFT_SGLANG_PYTHON")
+    assert sglang_python() == sys.executable
+    monkeypatch.setenv("SPECDRAFT_VLLM_PYTHON", str(py))
+    assert engine_python("vllm") == str(py)
