@@ -86,3 +86,28 @@ def test_python_lookup_per_engine(tmp_path, monkeypatch):
     assert sglang_python() == sys.executable
     monkeypatch.setenv("SPECDRAFT_VLLM_PYTHON", str(py))
     assert engine_python("vllm") == str(py)
+
+
+def test_one_counter_formula_for_the_worker_and_the_server():
+    """The same counts read from the in-process worker and from two /metrics snapshots give
+    the same figures: τ = 1 + 6/4, rate 6/12, positions [3, 2, 1]/4 (worked by hand)."""
+    from specdraft.eval.engine import figures
+    from specdraft.eval.server import vllm_counters, vllm_summary
+
+    def metrics(drafts, tokens, accepted, per_pos):
+        lines = [f"vllm:spec_decode_num_drafts_total {drafts}",
+                 f"vllm:spec_decode_num_draft_tokens_total {tokens}",
+                 f"vllm:spec_decode_num_accepted_tokens_total {accepted}"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} {a}'
+                  for i, a in enumerate(per_pos)]
+        return "\n".join(lines)
+
+    worker = figures({"drafts": 4, "draft_tokens": 12, "accepted": 6, "per_pos": [3, 2, 1]})
+    server = vllm_summary(vllm_counters(metrics(10, 30, 9, [5, 3, 1])),
+                          vllm_counters(metrics(14, 42, 15, [8, 5, 2])))
+    assert server.pop("engine") == "vllm"
+    assert server == worker
+    assert worker["tau"] == 2.5 and worker["acceptance_rate"] == 0.5
+    assert worker["per_position"] == [0.75, 0.5, 0.25]
+    with pytest.raises(process.EngineError, match="did not move"):
+        vllm_summary(vllm_counters(metrics(4, 12, 6, [3])), vllm_counters(metrics(4, 12, 6, [3])))

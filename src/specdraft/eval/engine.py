@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 from specdraft.core.errors import ConfigError, SpecdraftError
 from specdraft.core.verifier import engine_hf_dir, resolve_dtype
+from specdraft.engines.counters import vllm_figures
 from specdraft.engines.process import EngineError, stop
 from specdraft.engines.python import vllm_python
 from specdraft.eval.acceptance import acceptance_rule
@@ -91,16 +92,10 @@ def run_worker(python: str, job: dict[str, Any], workdir: Path, *,
 
 
 def figures(counters: dict[str, Any]) -> dict[str, Any]:
-    """τ, acceptance rate, per-position rates and the raw counts from differenced counters."""
-    drafts, draft_tokens, accepted = (counters[n] for n in ("drafts", "draft_tokens",
-                                                           "accepted"))
-    if drafts <= 0:
-        raise EngineError("vllm:spec_decode_num_drafts did not move: the engine did not "
-                          "speculate (is the drafter loaded? see engine.log)")
-    return {"tau": 1.0 + accepted / drafts, "acceptance_rate": accepted / draft_tokens,
-            "per_position": [a / drafts for a in counters["per_pos"]],
-            "verify_steps": drafts, "drafted": draft_tokens, "accepted": accepted,
-            "per_position_accepted": list(counters["per_pos"])}
+    """The worker's counters (``{"drafts", "draft_tokens", "accepted", "per_pos": [...]}``) as
+    figures (:func:`specdraft.engines.counters.vllm_figures`)."""
+    return vllm_figures(counters["drafts"], counters["draft_tokens"], counters["accepted"],
+                        counters["per_pos"])
 
 
 def agreement(offline: dict[str, Any], engine: dict[str, Any],

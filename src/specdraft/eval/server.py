@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from specdraft.core.errors import InputError
+from specdraft.engines.counters import vllm_figures
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -57,18 +58,14 @@ def vllm_counters(text: str) -> dict[str, Any]:
 
 
 def vllm_summary(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """τ, acceptance rate and per-position rates from two counter snapshots (module doc)."""
-    drafts = after["drafts"] - before["drafts"]
-    draft_tokens = after["draft_tokens"] - before["draft_tokens"]
-    accepted = after["accepted"] - before["accepted"]
-    if drafts <= 0:
-        raise InputError("the server's vllm:spec_decode_num_drafts did not move: is the drafter "
-                         "loaded (--speculative-config)?")
-    per_pos = [(after["per_pos"].get(i, 0.0) - before["per_pos"].get(i, 0.0)) / drafts
+    """τ, acceptance rate and per-position rates from two counter snapshots, differenced
+    (:func:`specdraft.engines.counters.vllm_figures`). Raises :class:`EngineError` when the
+    server did not speculate in between."""
+    diff = {n: after[n] - before[n] for n in ("drafts", "draft_tokens", "accepted")}
+    per_pos = [after["per_pos"].get(i, 0.0) - before["per_pos"].get(i, 0.0)
                for i in sorted(after["per_pos"])]
-    return {"engine": "vllm", "tau": 1.0 + accepted / drafts, "verify_steps": int(drafts),
-            "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
-            "per_position": per_pos, "drafted": int(draft_tokens), "accepted": int(accepted)}
+    return {"engine": "vllm", **vllm_figures(diff["drafts"], diff["draft_tokens"],
+                                             diff["accepted"], per_pos)}
 
 
 def sglang_summary(info: dict[str, Any] | None, metrics_text: str) -> dict[str, Any]:
