@@ -117,7 +117,7 @@ def specdraft_child(work: Path, steps: int, T: int, result: Path) -> None:
     from specdraft.train.config import TrainConfig
     from specdraft.artifacts.batches import Collator
     from specdraft.train.data import row_lengths
-    from specdraft.train.distributed import init_distributed
+    from specdraft.core.context import context_from_env
     from specdraft.train.loop import Data, Trainer, Window
     from specdraft.train.objective import TTTObjective
     from specdraft.train.run import build_drafter
@@ -126,7 +126,7 @@ def specdraft_child(work: Path, steps: int, T: int, result: Path) -> None:
     src = DiskSource.from_index(work / "extract", AUX, H, "bf16")
     cfg = TrainConfig(run_dir=work / "sd-run", ttt_steps=3, batch_tokens=T, warmup_steps=10,
                       val_fraction=0.0, device="cpu", dtype="float32")
-    env = init_distributed("cpu")
+    env = context_from_env("cpu")
     drafter = build_drafter(cfg, resolve_profile(smollm2_config()), src,
                             {"embed_tokens.weight": head["lm_head"],
                              "lm_head.weight": head["lm_head"]},  # tied, as SmolLM2's

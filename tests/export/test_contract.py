@@ -1,4 +1,4 @@
-"""The drafter contract (``export/contract.py``): every computation field written in every
+"""The drafter contract (``artifacts/contract.py``): every computation field written in every
 format and read back as the engine reads it; configs from other tools read with their fields
 honoured or refused by name; exports an engine would misread are refused."""
 

@@ -165,7 +165,7 @@ def engine_rope_read(layer: dict[str, Any], reader: str) -> dict[str, Any]:
 
 
 def computation_keys(c: Eagle3Config) -> dict[str, bool]:
-    """The computation fields every format writes explicitly (``export/contract.py``): the
+    """The computation fields every format writes explicitly (``artifacts/contract.py``): the
     engines' defaults differ (``norm_before_residual``: false natively, true through vLLM's
     speculators loader), so nothing is left to a default."""
     return {"norm_before_residual": c.norm_before_residual,

@@ -1,7 +1,7 @@
 """``specdraft extract``: run the verifier over the prepared rows and store its hidden states.
 
-Data-parallel under ``torchrun``: ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` are read here (and
-only here); rank ``r`` computes batches ``r, r+W, r+2W, …`` of the deterministic plan
+Data-parallel under ``torchrun`` (the process group and this process's rank: the stage context,
+:mod:`specdraft.core.context`); rank ``r`` computes batches ``r, r+W, r+2W, …`` of the deterministic plan
 (:mod:`specdraft.core.batching`), writes its own shards and index part, and rank 0 merges the
 index, writes the verifier head and the manifest after a barrier.
 """
@@ -9,7 +9,6 @@ index, writes the verifier head and the manifest after a barrier.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import sys
@@ -34,6 +33,7 @@ from specdraft.artifacts.hidden_states import HEAD_FILE, INDEX_FILE, DiskSource,
 from specdraft.core.storage import CODECS, Codec, row_bytes
 from specdraft.extract.writer import RankWriter, part_path, recover
 from specdraft.artifacts.layout import RunLayout
+from specdraft.core.context import StageContext, stage_context
 
 STAGE = "extract"
 PLAN_FILE = "plan.json"
@@ -44,21 +44,6 @@ TARGET_DOC = (
 
 
 # ---------------------------------------------------------------- distributed helpers
-
-
-def _dist_init(gloo: bool = False) -> tuple[int, int, bool]:
-    """``(rank, world_size, created)`` from the torchrun environment; init the process group
-    (gloo on CPU or when ``gloo``, nccl on CUDA) when ``WORLD_SIZE > 1`` and none exists."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if world == 1:
-        return 0, 1, False
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), False
-    dist.init_process_group("nccl" if torch.cuda.is_available() and not gloo else "gloo")
-    return rank, world, True
 
 
 def _barrier(world: int) -> None:
@@ -84,14 +69,6 @@ def _on_rank0(fn: Callable[[], Any], rank: int, world: int) -> Any:
     if error is not None:
         raise error
     return result
-
-
-def _device(config: ExtractConfig) -> str:
-    if config.device != "auto":
-        return config.device
-    if torch.cuda.is_available():
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    return "cpu"
 
 
 # ---------------------------------------------------------------- inputs
@@ -339,16 +316,12 @@ def run(config: ExtractConfig, verifier: Any = None) -> dict[str, Any]:
     disk too small, resume with changed settings), :class:`InputError` (bad dataset row) and
     :class:`ConfigError` (aux ids outside ``[1, N]``).
     """
-    rank, world, created = _dist_init(gloo=config.backend == "vllm")
-    try:
-        return _run(config, verifier, rank, world)
-    finally:
-        if created:
-            import torch.distributed as dist
-            dist.destroy_process_group()
+    # the vLLM backend's ranks exchange small objects only: gloo, whatever the device
+    with stage_context(config.device, backend="gloo" if config.backend == "vllm" else None) as stage:
+        return _run(config, verifier, stage)
 
 
-def _load_model(config: ExtractConfig, verifier: Any, out: Path) -> Any:
+def _load_model(config: ExtractConfig, verifier: Any, out: Path, device: str) -> Any:
     """The HF verifier (transformers backend) or its config, head and norm (vLLM backend; an
     HF model passed by ``specdraft run`` is then not used)."""
     if config.backend == "vllm":
@@ -362,7 +335,7 @@ def _load_model(config: ExtractConfig, verifier: Any, out: Path) -> Any:
         return verifier
     from specdraft.core.verifier import load_verifier
 
-    return load_verifier(config.verifier, dtype=config.dtype, device=_device(config),
+    return load_verifier(config.verifier, dtype=config.dtype, device=device,
                          device_map=config.device_map,
                          trust_remote_code=config.trust_remote_code)
 
@@ -394,7 +367,8 @@ def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
             "shards": shards, "estimate": estimate, "metadata": metadata}
 
 
-def _run(config: ExtractConfig, verifier: Any, rank: int, world: int) -> dict[str, Any]:
+def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str, Any]:
+    rank, world = stage.rank, stage.world_size
     clock = StageClock()
     require_stage(config.run_dir, "prepare")
     out = stage_dir(config.run_dir, STAGE)
@@ -409,7 +383,7 @@ def _run(config: ExtractConfig, verifier: Any, rank: int, world: int) -> dict[st
         from specdraft.extract.vllm_backend import verifier_hf_dir
         _on_rank0(lambda: verifier_hf_dir(config), rank, world)
         _barrier(world)
-    model = _load_model(config, verifier, out)
+    model = _load_model(config, verifier, out, str(stage.device))
     ctx = {**_context(config, model, ds, rank, world), "resume_changes": changes or {}}
     in_memory = verifier is not None
     ctx["identity"] = _on_rank0(lambda: verifier_identity(config, in_memory=in_memory), rank,

@@ -33,6 +33,7 @@ import torch
 from specdraft.core.conventions import supervised_mask
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.profile import NormGain, norm_gain
+from specdraft.core.context import context_from_env
 from specdraft.core.verifier import resolve_device, resolve_dtype
 from specdraft.engines.process import EngineError, stop
 from specdraft.engines.python import vllm_python
@@ -252,7 +253,7 @@ def _start_engine(job_dir: Path, config: Any, world: int) -> subprocess.Popen:
         [src] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     if world > 1 and torch.cuda.is_available():
         env["CUDA_VISIBLE_DEVICES"] = replica_devices(
-            int(os.environ.get("LOCAL_RANK", "0")),
+            context_from_env().local_rank,
             config.tensor_parallel_size * config.pipeline_parallel_size,
             os.environ.get("CUDA_VISIBLE_DEVICES"))
     log = open(job_dir / "engine.log", "wb")

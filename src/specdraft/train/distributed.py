@@ -1,9 +1,9 @@
 """torchrun integration, applied from outside the model (the model files never import
 ``torch.distributed``).
 
-``torchrun --nproc-per-node N -m specdraft.train ...`` sets ``RANK``, ``WORLD_SIZE`` and
-``LOCAL_RANK``; multi-node runs use torchrun's own ``--nnodes/--rdzv-*`` flags. Backend: NCCL on
-CUDA, gloo on CPU. Wrapping: DDP (default) or FSDP2 (``torch.distributed.fsdp.fully_shard``,
+The process group is started by :func:`specdraft.core.context.stage_context` (``torchrun
+--nproc-per-node N -m specdraft.cli train ...``; multi-node runs use torchrun's own
+``--nnodes/--rdzv-*`` flags). Wrapping: DDP (default) or FSDP2 (``torch.distributed.fsdp.fully_shard``,
 one unit around the TTT wrapper: the drafter is a single layer, so per-layer units buy little
 and its methods are called outside ``forward``). Checkpoints hold full (unsharded) states
 gathered with ``torch.distributed.checkpoint.state_dict``, so they load at any world size.
@@ -11,53 +11,16 @@ gathered with ``torch.distributed.checkpoint.state_dict``, so they load at any w
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-
-@dataclass(frozen=True)
-class DistEnv:
-    """rank, world_size, local_rank and the device of this process."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
+from specdraft.core.context import StageContext
 
 
-def pick_device(requested: str | None, local_rank: int) -> torch.device:
-    """``requested`` or ``cuda:<local_rank>`` when CUDA is available, else CPU."""
-    if requested:
-        return torch.device(requested)
-    return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
-
-
-def init_distributed(device: str | None = None) -> DistEnv:
-    """Read torchrun's environment; start the process group when ``WORLD_SIZE > 1``."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    dev = pick_device(device, local)
-    if world > 1 and not dist.is_initialized():
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    return DistEnv(rank, world, local, dev)
-
-
-def wrap(module: nn.Module, env: DistEnv, mode: str) -> nn.Module:
+def wrap(module: nn.Module, env: StageContext, mode: str) -> nn.Module:
     """``module`` wrapped for data parallelism (unchanged in a single process)."""
     if not env.distributed:
         return module
@@ -85,7 +48,7 @@ def is_fsdp(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+def all_reduce_sum(t: torch.Tensor, env: StageContext) -> torch.Tensor:
     """Sum ``t`` over ranks (in place, returned); a no-op in a single process."""
     if env.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
@@ -115,11 +78,6 @@ def load_full_states(module: nn.Module, optimizer: Any, model_state: dict,
                    optim_state_dict=optim_state, options=StateDictOptions(full_state_dict=True))
 
 
-def barrier(env: DistEnv) -> None:
+def barrier(env: StageContext) -> None:
     if env.distributed:
         dist.barrier()
-
-
-def shutdown(env: DistEnv) -> None:
-    if env.distributed and dist.is_initialized():
-        dist.destroy_process_group()

@@ -32,7 +32,8 @@ from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import TrainConfig
 from specdraft.artifacts.batches import Collator
 from specdraft.train.data import MicroBatch, plan_epoch, plan_eval, rank_micro_batches
-from specdraft.train.distributed import (DistEnv, all_reduce_sum, barrier, full_states, is_fsdp,
+from specdraft.core.context import StageContext
+from specdraft.train.distributed import (all_reduce_sum, barrier, full_states, is_fsdp,
                                          load_full_states)
 from specdraft.train.metrics import hit_counts, summarize
 from specdraft.train.objective import TTTObjective
@@ -103,7 +104,7 @@ class Data:
 class Trainer:
     """One training run (one per process under torchrun). Build, then :meth:`fit`."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, objective: TTTObjective, model: nn.Module,
+    def __init__(self, cfg: TrainConfig, env: StageContext, objective: TTTObjective, model: nn.Module,
                  data: Data, out_dir: Path) -> None:
         self.cfg, self.env, self.objective, self.model = cfg, env, objective, model
         self.data, self.out = data, Path(out_dir)
@@ -271,7 +272,7 @@ class Trainer:
         return True
 
 
-def check_checkpoint_settings(state: dict[str, Any], cfg: TrainConfig, env: DistEnv,
+def check_checkpoint_settings(state: dict[str, Any], cfg: TrainConfig, env: StageContext,
                               path: Path) -> dict[str, list[Any]]:
     """The allowed setting changes between the checkpoint at ``path`` and ``cfg``
     (:func:`specdraft.core.resume.check_resume_settings`). Raises :class:`StageDirError` on any
@@ -308,7 +309,7 @@ def trim_metrics(path: Path, step: int) -> None:
 class Logger:
     """metrics.jsonl + TensorBoard (rank 0 only); every record carries ``step`` and ``split``."""
 
-    def __init__(self, out: Path, env: DistEnv, start_step: int) -> None:
+    def __init__(self, out: Path, env: StageContext, start_step: int) -> None:
         self.env = env
         self.jsonl = self.tb = None
         if env.is_main:

@@ -24,7 +24,8 @@ from specdraft.models.io import drafter_from_dict
 from specdraft.train.config import TrainConfig
 from specdraft.artifacts.batches import Collator
 from specdraft.train.data import row_lengths, split_indices
-from specdraft.train.distributed import DistEnv, barrier, init_distributed, shutdown, wrap
+from specdraft.core.context import StageContext, stage_context
+from specdraft.train.distributed import barrier, wrap
 from specdraft.artifacts.vocab_map import load_vocab_map
 from specdraft.train.loop import Data, Trainer, fit
 from specdraft.train.objective import TTTObjective
@@ -68,7 +69,7 @@ def verifier_head(verifier: Any, run_dir: Path) -> dict[str, torch.Tensor]:
             "embed_tokens.weight": verifier.get_input_embeddings().weight.detach()}
 
 
-def open_source(cfg: TrainConfig, verifier: Any, env: DistEnv) -> tuple[Any, Any, dict]:
+def open_source(cfg: TrainConfig, verifier: Any, env: StageContext) -> tuple[Any, Any, dict]:
     """``(source, verifier, inputs)``: a DiskSource over ``RUN/extract`` or, with ``--online``,
     an OnlineSource running the verifier over ``RUN/prepare/dataset``."""
     from specdraft.artifacts import hidden_states as src
@@ -153,7 +154,7 @@ def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
     return model
 
 
-def teacher_verifier(cfg: TrainConfig, verifier: Any, extract_manifest: Any, env: DistEnv
+def teacher_verifier(cfg: TrainConfig, verifier: Any, extract_manifest: Any, env: StageContext
                      ) -> tuple[Any, str]:
     """``(model, "")`` for the teacher check's fresh forward — the loaded verifier, else
     ``--verifier`` or the extract manifest's ``verifier.path`` loaded in transformers — or
@@ -175,7 +176,7 @@ def teacher_verifier(cfg: TrainConfig, verifier: Any, extract_manifest: Any, env
                      f"({type(err).__name__}: {first[:200]})"
 
 
-def preflight_teacher(cfg: TrainConfig, verifier: Any, data: Data, env: DistEnv) -> dict:
+def preflight_teacher(cfg: TrainConfig, verifier: Any, data: Data, env: StageContext) -> dict:
     """The teacher check (:mod:`specdraft.artifacts.teacher_check`) before any step; returns its
     report for the manifest. Raises :class:`InputError` naming the rows when it fails."""
     from specdraft.core.manifest import load_stage_manifest
@@ -205,14 +206,11 @@ def run(config: TrainConfig, verifier: Any = None, source: Any = None) -> dict[s
     run``). Runs under torchrun when ``WORLD_SIZE > 1``.
     """
     clock = StageClock()
-    env = init_distributed(config.device)
-    try:
+    with stage_context(config.device) as env:
         return _run(config, env, clock, verifier, source)
-    finally:
-        shutdown(env)
 
 
-def _run(cfg: TrainConfig, env: DistEnv, clock: StageClock, verifier: Any, source: Any) -> dict:
+def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, source: Any) -> dict:
     require_stage(cfg.run_dir, "vocab")
     if env.is_main:
         open_stage_dir(cfg.run_dir, "train", resume=cfg.resume, overwrite=cfg.overwrite)
