@@ -90,7 +90,7 @@ def _engine_readings(d: DrafterOnDisk) -> dict[str, list[int] | None]:
     raw = d.raw_config
     top = raw.get("eagle_aux_hidden_state_layer_ids")
     out = {"vllm": vllm_capture_hf_ids(top) if top else None}
-    if d.format != "speculators":
+    if d.format != "speculators" and d.config.draft_layer != "mla":  # MLA: vLLM only
         inner = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         out["sglang"] = sglang_capture_hf_ids(inner) if inner else None
     return out
@@ -183,7 +183,12 @@ def check_computation_fields(s: Subject) -> Check:
     check_contract`): vLLM's llama_eagle3 path defaults ``norm_before_residual`` to false, its
     speculators reader to true; SGLang reads none of them."""
     raw, c = s.drafter.raw_config, s.drafter.config
-    problems = [] if raw is None else check_contract(s.drafter.format, raw, c)
+    if raw is not None and c.draft_layer == "mla":  # vLLM's MLA drafter reads its own layout
+        from specdraft.artifacts.validate import check_mla_config
+
+        problems = check_mla_config(s.drafter.format, raw, c)
+    else:
+        problems = [] if raw is None else check_contract(s.drafter.format, raw, c)
     values = ", ".join(f"{n}={getattr(c, n)}" for n in COMPUTATION_FIELDS)
     return Check("computation fields explicit and served", not problems,
                  values if not problems else "; ".join(problems),

@@ -19,7 +19,7 @@ from specdraft.core.jsonl import read_json
 from specdraft.artifacts.formats import FORMAT_SPECS, detect_format, drafter_config_from_export, \
     inverse, rename
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
-from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE
+from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE, drafter_from_config
 
 EXPORT_CONFIG = "config.json"
 EXPORT_WEIGHTS = "model.safetensors"
@@ -55,14 +55,13 @@ def read_drafter(path: str | Path) -> DrafterOnDisk:
     if (path / CONFIG_FILE).exists():
         raw = _json_object(path / CONFIG_FILE)
         _check_keys(path / CONFIG_FILE, raw)
-        cfg = _config(path / CONFIG_FILE, lambda: Eagle3Config.from_dict(raw), raw)
+        cfg = _config(path / CONFIG_FILE, lambda: _config_class(raw).from_dict(raw), raw)
         return DrafterOnDisk(path, cfg, _load(path / WEIGHTS_FILE), "specdraft")
     if (path / EXPORT_CONFIG).exists():
         raw = _json_object(path / EXPORT_CONFIG)
         fmt = detect_format(raw)
-        cfg = _config(path / EXPORT_CONFIG, lambda: drafter_config_from_export(raw, fmt), raw,
-                      fmt=fmt)
-        state = rename(_load(path / EXPORT_WEIGHTS), inverse(FORMAT_SPECS[fmt].rename))
+        cfg = _config(path / EXPORT_CONFIG, lambda: _export_config(raw, fmt), raw, fmt=fmt)
+        state = _export_state(raw, _load(path / EXPORT_WEIGHTS), fmt)
         return DrafterOnDisk(path, cfg, state, fmt, raw)
     raise InputError(f"{path}: neither a specdraft drafter ({CONFIG_FILE}) nor an exported "
                      f"drafter ({EXPORT_CONFIG})")
@@ -75,21 +74,52 @@ def _json_object(path: Path) -> dict[str, Any]:
     return raw
 
 
+def _is_mla(raw: dict[str, Any]) -> bool:
+    """A drafter config of the MLA layer (:mod:`specdraft.models.eagle3_mla`): specdraft's own
+    (``kv_lora_rank`` / ``draft_layer`` mla) or its vLLM export (``Eagle3DeepseekV2ForCausalLM``)."""
+    return "kv_lora_rank" in raw or raw.get("draft_layer") == "mla"
+
+
+def _config_class(raw: dict[str, Any]) -> type[Eagle3Config]:
+    if _is_mla(raw):
+        from specdraft.models.eagle3_mla import Eagle3MLAConfig
+
+        return Eagle3MLAConfig
+    return Eagle3Config
+
+
 def _check_keys(path: Path, raw: dict[str, Any]) -> None:
     """Missing and unknown keys of a specdraft drafter config, named (a renamed key shows as
-    both)."""
-    if "kv_lora_rank" in raw or raw.get("draft_layer") == "mla":
-        raise InputError(f"{path}: an MLA drafter (draft_layer mla, kv_lora_rank "
-                         f"{raw.get('kv_lora_rank')}): export, doctor and eval --drafter do not "
-                         f"read the MLA layer yet; vLLM serves the layout "
-                         f"specdraft.models.eagle3_mla.vllm_checkpoint writes (docs/kimi-job.md)")
-    known = {f.name for f in fields(Eagle3Config)}
-    required = {f.name for f in fields(Eagle3Config)
+    both); the fields are the drafter kind's (:class:`Eagle3Config`, or the MLA config)."""
+    cls = _config_class(raw)
+    known = {f.name for f in fields(cls)}
+    required = {f.name for f in fields(cls)
                 if f.default is MISSING and f.default_factory is MISSING}
     missing, unknown = sorted(required - set(raw)), sorted(set(raw) - known)
     if missing or unknown:
         raise InputError(f"{path}: missing key(s) {missing}, unknown key(s) "
                          f"{clip(unknown, 300)} for a specdraft drafter config")
+
+
+def _export_config(raw: dict[str, Any], fmt: str) -> Eagle3Config:
+    if _is_mla(raw):
+        from specdraft.models.eagle3_mla import config_from_vllm
+
+        return config_from_vllm(raw)
+    return drafter_config_from_export(raw, fmt)
+
+
+def _export_state(raw: dict[str, Any], state: dict[str, torch.Tensor], fmt: str
+                  ) -> dict[str, torch.Tensor]:
+    """The exported tensors under our names; the MLA export's ``t2d`` (not written: the image of
+    ``d2t``) is rebuilt from ``d2t``."""
+    state = rename(state, inverse(FORMAT_SPECS[fmt].rename))
+    if _is_mla(raw) and "t2d" not in state and "d2t" in state:
+        d2t = state["d2t"].long()
+        t2d = torch.zeros(int(raw["vocab_size"]), dtype=torch.bool)
+        t2d[torch.arange(d2t.numel()) + d2t] = True
+        state["t2d"] = t2d
+    return state
 
 
 def _config(path: Path, build: Callable[[], Eagle3Config], raw: dict[str, Any], *,
@@ -134,7 +164,7 @@ def build_model(d: DrafterOnDisk, *, verifier_embed: torch.Tensor | None = None,
             raise InputError(f"{d.path}: no embed_tokens.weight; pass the verifier to share its "
                              f"embedding")
         state["embed_tokens.weight"] = verifier_embed
-    model = Eagle3DraftModel(d.config)
+    model = drafter_from_config(d.config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("rotary.")]
     if missing or unexpected:

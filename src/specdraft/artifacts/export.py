@@ -219,6 +219,11 @@ def export_tensors(fmt: str, trained: dict[str, torch.Tensor], embed: torch.Tens
     return rename(state, FORMAT_SPECS[fmt].rename)
 
 
+def _drop_t2d(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The MLA layout vLLM serves has no ``t2d`` (:func:`specdraft.models.eagle3_mla.vllm_checkpoint`)."""
+    return {k: v for k, v in tensors.items() if k != "t2d"}
+
+
 def embed_problems(config: ExportRequest, trained: dict[str, torch.Tensor],
                    verifier_embed: torch.Tensor | None) -> list[str]:
     """A trained embedding that is not the verifier's means the drafter was trained on the wrong
@@ -240,15 +245,21 @@ def candidate(config: ExportRequest, c: Eagle3Config, trained: dict[str, torch.T
               facts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(config.json, tensors) of the export, in memory."""
     embed = facts["embed"] if config.embed != "omit" else None
-    cfg = build_config(config.format, c, verifier_name=facts["verifier_name"] or "",
-                       verifier_architectures=facts["architectures"],
-                       speculative_tokens=config.speculative_tokens)
+    if c.draft_layer == "mla":  # one layout, vLLM's (check_mla_config refuses other formats)
+        from specdraft.models.eagle3_mla import vllm_config
+
+        cfg = vllm_config(c)
+    else:
+        cfg = build_config(config.format, c, verifier_name=facts["verifier_name"] or "",
+                           verifier_architectures=facts["architectures"],
+                           speculative_tokens=config.speculative_tokens)
     if config.dtype != "auto":
         cfg["torch_dtype"] = config.dtype
     else:
         first = next(v for v in trained.values() if v.is_floating_point())
         cfg["torch_dtype"] = str(first.dtype).removeprefix("torch.")
-    return cfg, export_tensors(config.format, trained, embed, config.dtype)
+    tensors = export_tensors(config.format, trained, embed, config.dtype)
+    return cfg, _drop_t2d(tensors) if c.draft_layer == "mla" else tensors
 
 
 def validated_candidate(config: ExportRequest, src: DrafterOnDisk) -> Candidate:

@@ -147,8 +147,8 @@ def engine_version(out: dict[str, Any]) -> str:
 def engine_drafter(config: Any, out: Path) -> Path:
     """The exported directory the engine loads: ``engine_drafter``, else the eval's drafter when
     it is an export, else the run's export of that drafter, else a fresh ``sglang`` export of it
-    into ``OUT/engine-drafter`` (validated as ``specdraft export`` validates:
-    :mod:`specdraft.artifacts.export`)."""
+    (``vllm`` for the MLA drafter) into ``OUT/engine-drafter`` (validated as ``specdraft export``
+    validates: :mod:`specdraft.artifacts.export`)."""
     from specdraft.core.manifest import read_manifest
     from specdraft.core.rundir import stage_dir
     from specdraft.eval.run import drafter_dir
@@ -170,7 +170,8 @@ def engine_drafter(config: Any, out: Path) -> Path:
     # (the offline eval captures those same ids), so they are the facts the export checks against
     drafter = read_drafter(src)
     request = ExportRequest(verifier=config.verifier, speculative_tokens=config.k,
-                            aux_layers=tuple(drafter.config.aux_layer_ids))
+                            aux_layers=tuple(drafter.config.aux_layer_ids),
+                            format="vllm" if drafter.config.draft_layer == "mla" else "sglang")
     with write_export(target, validated_candidate(request, drafter)):
         pass
     return target

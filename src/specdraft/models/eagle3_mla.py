@@ -178,20 +178,20 @@ class Eagle3MLADraftModel(Eagle3DraftModel):
         self.rotary = DeepseekV3RotaryEmbedding(config.deepseek_config())
 
 
-def vllm_checkpoint(model: Eagle3MLADraftModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(``config.json``, tensors) in the layout vLLM 0.32 loads as ``Eagle3DeepseekV2ForCausalLM``
+#: The class vLLM 0.32 loads the MLA drafter as (``deepseek_eagle3.py``).
+VLLM_MLA_ARCH = "Eagle3DeepseekV2ForCausalLM"
+
+
+def vllm_config(c: Eagle3MLAConfig, torch_dtype: str = "float32") -> dict[str, Any]:
+    """``config.json`` in the layout vLLM 0.32 loads as ``Eagle3DeepseekV2ForCausalLM``
     (``deepseek_eagle3.py``): ``model_type`` :data:`MLA_MODEL_TYPE`, one layer, the MLA widths,
     the rope as ``rope_parameters``, aux ids top-level and under ``eagle_config`` (HF numbering =
-    vLLM's), ``d2t`` and the frozen embedding; ``t2d`` is dropped (the loader skips it). Tensor
-    names are the checkpoint's own (the loader renames ``midlayer.`` itself).
-
-    Served by the real engine in ``tests/engine/test_kimi_mla_drafter.py``; ``specdraft export``
-    does not write this layout yet (its checks know the Llama layer only)."""
-    c = model.config
+    vLLM's), the computation fields vLLM's MLA drafter reads (``fc_norm``, ``norm_output``,
+    ``norm_before_residual``; ``norm_before_fc`` is refused by the config)."""
     rope = c.rope_parameters()
     ids = list(c.aux_layer_ids)
-    config = {
-        "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": MLA_MODEL_TYPE,
+    return {
+        "architectures": [VLLM_MLA_ARCH], "model_type": MLA_MODEL_TYPE,
         "hidden_size": c.hidden_size, "num_attention_heads": c.num_attention_heads,
         "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": 1,
         "intermediate_size": c.intermediate_size, "rms_norm_eps": c.rms_norm_eps,
@@ -204,7 +204,38 @@ def vllm_checkpoint(model: Eagle3MLADraftModel) -> tuple[dict[str, Any], dict[st
         "norm_output": c.norm_output, "tie_word_embeddings": False,
         "eagle_aux_hidden_state_layer_ids": ids,
         "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": ids},
-        "torch_dtype": str(model.fc.weight.dtype).removeprefix("torch.")}
+        "torch_dtype": torch_dtype}
+
+
+def config_from_vllm(cfg: dict[str, Any]) -> Eagle3MLAConfig:
+    """The inverse of :func:`vllm_config` (an exported ``config.json`` read back). Raises
+    KeyError naming a missing key, ValueError for widths that do not fit together."""
+    rope = dict(cfg["rope_parameters"])
+    theta = float(rope.pop("rope_theta", cfg.get("rope_theta")))
+    scaling = rope if rope.get("rope_type", "default") != "default" else None
+    nope, rope_dim = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
+    return Eagle3MLAConfig(
+        hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg["num_key_value_heads"], head_dim=nope + rope_dim,
+        intermediate_size=cfg["intermediate_size"], rms_norm_eps=cfg["rms_norm_eps"],
+        rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=cfg["max_position_embeddings"], vocab_size=cfg["vocab_size"],
+        draft_vocab_size=cfg["draft_vocab_size"],
+        target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
+        aux_layer_ids=tuple(cfg["eagle_aux_hidden_state_layer_ids"]),
+        hidden_act=cfg.get("hidden_act", "silu"),
+        norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+        fc_norm=bool(cfg.get("fc_norm", False)), norm_output=bool(cfg.get("norm_output", False)),
+        kv_lora_rank=cfg["kv_lora_rank"], q_lora_rank=cfg.get("q_lora_rank"),
+        qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=cfg["v_head_dim"])
+
+
+def vllm_checkpoint(model: Eagle3MLADraftModel) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(:func:`vllm_config`, tensors): the tensors under the checkpoint's own names (the loader
+    renames ``midlayer.`` itself), ``d2t`` and the frozen embedding; ``t2d`` is dropped (the MLA
+    layout served in ``tests/engine/test_kimi_mla_drafter.py`` has none; it is ``d2t``'s image).
+    ``specdraft export --format vllm`` writes this layout, validated."""
+    config = vllm_config(model.config, str(model.fc.weight.dtype).removeprefix("torch."))
     tensors = {k: v.detach().cpu().contiguous()
                for k, v in model.checkpoint_state(include_embed=True).items() if k != "t2d"}
     return config, tensors

@@ -39,10 +39,20 @@ def drafter_from_dict(d: dict) -> Eagle3DraftModel:
     (:mod:`specdraft.models.eagle3_mla`) when it holds ``kv_lora_rank`` or ``draft_layer``
     ``mla``, else the Llama/Qwen3 layer. Raises TypeError/ValueError on an invalid config."""
     if "kv_lora_rank" in d or d.get("draft_layer") == "mla":
-        from specdraft.models.eagle3_mla import Eagle3MLAConfig, Eagle3MLADraftModel
+        from specdraft.models.eagle3_mla import Eagle3MLAConfig
 
-        return Eagle3MLADraftModel(Eagle3MLAConfig.from_dict(d))
+        return drafter_from_config(Eagle3MLAConfig.from_dict(d))
     return Eagle3DraftModel(Eagle3Config.from_dict(d))
+
+
+def drafter_from_config(config: Eagle3Config) -> Eagle3DraftModel:
+    """A fresh drafter of ``config``'s kind: :class:`Eagle3MLADraftModel` for an MLA config,
+    else :class:`Eagle3DraftModel`."""
+    from specdraft.models.eagle3_mla import Eagle3MLAConfig, Eagle3MLADraftModel
+
+    if isinstance(config, Eagle3MLAConfig):
+        return Eagle3MLADraftModel(config)
+    return Eagle3DraftModel(config)
 
 
 def load_drafter(path: str | Path, *, device: str = "cpu",
