@@ -50,7 +50,7 @@ def kimi_server(vllm_python, kimi_verifier, tmp_path_factory):
     its process group is stopped in a finally. Started as ``python -m
     vllm.entrypoints.openai.api_server`` (what ``vllm serve`` runs): the ``vllm`` console script
     of this source-built ``.venv-vllm`` stops at ``importlib.metadata.version("vllm")``."""
-    from specdraft.eval.engine import _stop
+    from specdraft.engines.process import stop as stop_engine
 
     port = _free_port()
     log_path = tmp_path_factory.mktemp("kimi_server") / "server.log"
@@ -81,7 +81,7 @@ def kimi_server(vllm_python, kimi_verifier, tmp_path_factory):
             time.sleep(1)
         yield url, log_path
     finally:
-        _stop(proc)
+        stop_engine(proc)
 
 
 @pytest.mark.timeout(1200)

@@ -36,7 +36,7 @@ def smollm2_hf(tmp_path_factory):
 def vllm_server(vllm_python, smollm2_hf, tmp_path_factory):
     """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 (float32, eager); its
     process group is stopped in a finally."""
-    from specdraft.eval.engine import _stop
+    from specdraft.engines.process import stop as stop_engine
 
     port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm_server") / "server.log"
@@ -62,7 +62,7 @@ def vllm_server(vllm_python, smollm2_hf, tmp_path_factory):
             time.sleep(1)
         yield url
     finally:
-        _stop(proc)
+        stop_engine(proc)
 
 
 def test_generate_against_vllm_then_prepare_has_the_servers_ids(vllm_server, smollm2_hf,
