@@ -97,3 +97,69 @@ def test_bf16_training_keeps_fp32_master_weights_and_moments(tmp_path, corpus, v
     assert moments and all(s[k].dtype == torch.float32 for s in moments.values()
                            for k in ("exp_avg", "exp_avg_sq"))
     assert all(float(s["exp_avg_sq"].abs().max()) > 0 for s in moments.values())
+
+
+@pytest.mark.parametrize("dtype, device, native, hidden, want", [
+    ("auto", "cuda", False, 64, "bfloat16"),     # any CUDA device
+    ("auto", "cuda:1", False, 64, "bfloat16"),
+    ("auto", "cpu", True, 576, "bfloat16"),      # SmolLM2's width: measured 1.26x, tau equal
+    ("auto", "cpu", True, 512, "bfloat16"),      # the threshold itself
+    ("auto", "cpu", True, 511, "float32"),
+    ("auto", "cpu", True, 64, "float32"),        # the tests' drafter: measured 0.82x
+    ("auto", "cpu", False, 4096, "float32"),     # no native bf16: never measured faster
+    ("float32", "cuda", True, 4096, "float32"),  # explicit values are kept
+    ("bfloat16", "cpu", False, 64, "bfloat16"),
+])
+def test_train_dtype_auto_rule(dtype, device, native, hidden, want):
+    from specdraft.core.verifier import resolve_train_dtype
+
+    assert resolve_train_dtype(dtype, device, hidden, native_bf16=native) == want
+
+
+@pytest.mark.parametrize("flags, want", [
+    ("fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni", True),
+    ("fpu sse2 avx2 amx_bf16 amx_tile", True),
+    ("fpu sse2 avx2 avx512f avx512bw", False),   # AVX-512 without its bf16 extension
+    ("fpu sse2 avx512_bf16x", False),            # a whole flag, not a prefix
+    (None, False),                               # no /proc/cpuinfo (macOS, Windows)
+])
+def test_native_bf16_probe_reads_cpu_flags(tmp_path, flags, want):
+    from specdraft.core.verifier import cpu_has_native_bf16
+
+    info = tmp_path / "cpuinfo"
+    if flags is not None:
+        info.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
+    assert cpu_has_native_bf16(info) is want
+
+
+def test_train_auto_trains_in_the_dtype_the_rule_picks(tmp_path, corpus, verifier, source,
+                                                        monkeypatch):
+    """``train --dtype auto`` on a CPU with native bf16: a drafter as wide as the threshold
+    computes in bf16 (its loss differs from the fp32 run's and the manifest says so); without
+    native bf16 the same run is fp32, its loss equal to ``--dtype float32``'s."""
+    import shutil
+
+    from memsource import write_vocab
+    from specdraft.core import verifier as rules
+    from specdraft.train.run import run
+
+    write_vocab(tmp_path / "base", corpus, 1024)
+
+    def train(name, dtype, native):
+        d = tmp_path / name
+        shutil.copytree(tmp_path / "base", d)
+        monkeypatch.setattr(rules, "cpu_has_native_bf16", lambda: native)
+        monkeypatch.setattr(rules, "BF16_CPU_MIN_HIDDEN", 64)  # the tests' drafter width
+        cfg = TrainConfig(run_dir=d, dtype=dtype, max_steps=2, ttt_steps=2, batch_tokens=36 * 4,
+                          val_fraction=0.2, save_every=2, eval_every=2, log_every=1, lr=1e-3,
+                          warmup_steps=0, teacher_check=False)
+        return run(cfg, verifier=verifier, source=source)
+
+    fp32 = train("fp32", "float32", native=True)
+    native = train("native", "auto", native=True)
+    plain = train("plain", "auto", native=False)
+    assert native["drafter_config"]["hidden_size"] == 64
+    assert (fp32["compute_dtype"], native["compute_dtype"], plain["compute_dtype"]) == \
+        ("float32", "bfloat16", "float32")
+    assert plain["final_val"]["loss"] == fp32["final_val"]["loss"]
+    assert native["final_val"]["loss"] != fp32["final_val"]["loss"]

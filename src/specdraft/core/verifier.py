@@ -145,12 +145,48 @@ def load_verifier(path: str | os.PathLike, *, dtype: str = "auto", device: str =
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """The one rule for ``dtype: auto``, every stage alike (transformers, vLLM, training
-    autocast): ``bfloat16`` on a CUDA device, ``float32`` elsewhere (CPU bf16 is no faster at the
-    shapes measured and rounds the teacher: docs/resume-and-dtypes.md). Other values unchanged."""
+    """The one rule for ``dtype: auto`` when a stage *loads a model* (transformers, vLLM, SGLang):
+    ``bfloat16`` on a CUDA device, ``float32`` elsewhere (a bf16 verifier on CPU rounds the
+    teacher: the stored targets move by ~1e-3 nats, docs/resume-and-dtypes.md). The drafter's
+    training autocast has its own rule, :func:`resolve_train_dtype`. Other values unchanged."""
     if dtype != "auto":
         return dtype
     return "bfloat16" if str(device).startswith("cuda") else "float32"
+
+
+# The narrowest drafter width at which bf16 autocast was measured faster than fp32 on a CPU with
+# native bf16 (hidden 576: 1.26x, validation tau equal; hidden 64: 0.82x). docs/resume-and-dtypes.md
+BF16_CPU_MIN_HIDDEN = 512
+
+
+def cpu_has_native_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
+    """Whether this CPU runs bf16 matmuls natively: the ``avx512_bf16`` or ``amx_bf16`` flag in
+    Linux's ``/proc/cpuinfo``. False where that file is absent (macOS, Windows: not measured)."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return False
+
+
+def resolve_train_dtype(dtype: str, device: str, hidden_size: int, *,
+                        native_bf16: bool | None = None) -> str:
+    """The drafter's compute precision for ``train --dtype auto``: ``bfloat16`` autocast on CUDA,
+    and on a CPU with native bf16 (:func:`cpu_has_native_bf16`) when the drafter is at least
+    :data:`BF16_CPU_MIN_HIDDEN` wide, where it was measured both faster and no worse in
+    validation tau; ``float32`` otherwise (small drafters: autocast's casts outweigh the matmuls).
+    ``native_bf16`` overrides the CPU probe (tests). Explicit values are returned unchanged."""
+    if dtype != "auto":
+        return dtype
+    if str(device).startswith("cuda"):
+        return "bfloat16"
+    if native_bf16 is None:
+        native_bf16 = cpu_has_native_bf16()
+    return "bfloat16" if native_bf16 and hidden_size >= BF16_CPU_MIN_HIDDEN else "float32"
 
 
 def resolve_device(device: str | None) -> str:

@@ -24,7 +24,7 @@ from specdraft.core.atomic import atomic_open
 from specdraft.core.errors import StageDirError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl
 from specdraft.core.resume import check_resume_settings
-from specdraft.core.verifier import resolve_dtype
+from specdraft.core.verifier import resolve_train_dtype
 from specdraft.models.eagle3 import Eagle3DraftModel
 from specdraft.core.manifest import write_provenance
 from specdraft.models.io import save_drafter
@@ -56,11 +56,14 @@ def make_optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 
 
 def autocast_context(dtype: str, device: torch.device):
-    """The compute precision of ``--dtype`` on ``device``: ``float32`` runs as is, ``bfloat16``
-    under ``torch.autocast`` (``auto``: bf16 on CUDA, fp32 on CPU). Autocast only: parameters,
-    gradients and AdamW moments stay fp32 (the master weights); matmuls and attention run in
-    bf16, norms, softmax and the loss in fp32 (RMSNorm and the loss upcast explicitly)."""
-    dtype = resolve_dtype(dtype, device.type)
+    """The compute precision ``dtype`` (``float32`` or ``bfloat16``, after
+    :func:`specdraft.core.verifier.resolve_train_dtype`) on ``device``: ``float32`` runs as is,
+    ``bfloat16`` under ``torch.autocast``. Autocast only: parameters, gradients and AdamW moments
+    stay fp32 (the master weights); matmuls and attention run in bf16, norms, softmax and the loss
+    in fp32 (RMSNorm and the loss upcast explicitly). Raises ValueError for an unresolved
+    ``auto``."""
+    if dtype == "auto":
+        raise ValueError("autocast_context needs a resolved dtype: resolve_train_dtype first")
     if dtype == "float32":
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=getattr(torch, dtype))
@@ -108,6 +111,8 @@ class Trainer:
                  data: Data, out_dir: Path) -> None:
         self.cfg, self.env, self.objective, self.model = cfg, env, objective, model
         self.data, self.out = data, Path(out_dir)
+        self.dtype = resolve_train_dtype(cfg.dtype, env.device.type,
+                                         objective.drafter.config.hidden_size)
         self.optimizer = make_optimizer(model, cfg)
         self._plans: dict[int, list[MicroBatch]] = {}
         self.G = env.world_size * cfg.grad_accum
@@ -144,7 +149,7 @@ class Trainer:
         return self.data.collate(self.data.source.get_batch(list(mb)))
 
     def autocast(self):
-        return autocast_context(self.cfg.dtype, self.env.device)
+        return autocast_context(self.dtype, self.env.device)
 
     # ----- one optimizer step -----
     def train_step(self, window: Window) -> float:
@@ -371,6 +376,9 @@ def fit(tr: Trainer, *, resume: bool = False) -> dict[str, Any]:
 
     resumed = tr.restore() if resume else False
     logger = Logger(tr.out, tr.env, tr.step)
+    if tr.env.is_main:
+        why = " (--dtype auto: resolve_train_dtype)" if tr.cfg.dtype == "auto" else ""
+        print(f"train: compute dtype {tr.dtype}{why}", flush=True)
     bar = tqdm(total=tr.total_steps, initial=tr.step, disable=not tr.env.is_main,
                desc="train", unit="step", dynamic_ncols=True)
     window, gnorm, t0, tokens0 = Window(tr.objective.steps), 0.0, time.monotonic(), tr.tokens_seen
@@ -402,7 +410,8 @@ def fit(tr: Trainer, *, resume: bool = False) -> dict[str, Any]:
     elapsed = time.monotonic() - t0
     tokens = all_reduce_sum(torch.tensor([float(tr.tokens_seen - tokens0)],
                                          device=tr.env.device), tr.env).item()
-    return {"resumed": resumed, "resume_changes": tr.resume_changes, "steps": tr.step, "epochs_done": tr.epoch,
+    return {"resumed": resumed, "resume_changes": tr.resume_changes, "compute_dtype": tr.dtype,
+            "steps": tr.step, "epochs_done": tr.epoch,
             "steps_per_epoch": tr.steps_per_epoch, "total_steps": tr.total_steps,
             "dropped_micro_batches_per_epoch": tr.dropped_per_epoch,
             "tokens_per_s": tokens / max(elapsed, 1e-9),
