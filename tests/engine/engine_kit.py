@@ -87,3 +87,50 @@ def make_chaotic_verifier(out: Path, tokenizer_dir: Path, *, init: float = 0.3,
     for f in Path(tokenizer_dir).iterdir():
         shutil.copy(f, out / f.name)
     return out
+
+
+def make_bigram_verifier(out: Path, tokenizer_dir: Path, *, support: int = 256,
+                         spread: float = 3.0, seed: int = 5) -> Path:
+    """An 8-layer Llama (hidden 64, head_dim 32, the SmolLM2 tokenizer) that is exactly a
+    *bigram* model with moderate entropy: something a drafter can learn everywhere, so that at
+    temperature 1 a sampled path does not leave what it learnt (a chaotic verifier's sampled
+    answers do, and then nothing is accepted: the module comment of ``test_vllm_sampled``).
+
+    Every attention ``o_proj`` and MLP ``down_proj`` is zero, so the residual stream is the
+    token's embedding at every layer and the logits are ``lm_head(norm(embed(x_t)))``. Each
+    embedding is ``[1, 3·u_x]`` with ``u_x`` a random unit vector, so every row has the same RMS
+    and the normed first coordinate is the same constant for all tokens: ``lm_head``'s first
+    column is then a bias, -20 outside ``support`` tokens (ids 1000 .. 1000+support, no special
+    token, so no answer stops early) and 0 inside. Inside, the logits are Gaussian with standard
+    deviation ``spread``: spread 3 over 256 tokens gives a mean top probability of 0.37 (entropy
+    2.6 nats), far from both one-hot and uniform."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(seed)
+    V, H, r = len(tok), 64, 3.0
+    config = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=128, num_hidden_layers=8,
+                         num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=2048, tie_word_embeddings=False,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        u = torch.randn(V, H - 1, generator=g)
+        u = u / u.norm(dim=-1, keepdim=True)
+        model.model.embed_tokens.weight.copy_(torch.cat([torch.ones(V, 1), r * u], dim=1))
+        normed = (H / (1 + r * r)) ** 0.5  # RMSNorm's factor on every row
+        head = torch.zeros(V, H)
+        head[:, 0] = -20.0
+        inside = torch.arange(1000, 1000 + support)
+        head[inside, 0] = 0.0
+        head[inside, 1:] = torch.randn(support, H - 1, generator=g) * (spread / (normed * r))
+        model.lm_head.weight.copy_(head)
+    model.save_pretrained(out)
+    for f in Path(tokenizer_dir).iterdir():
+        shutil.copy(f, out / f.name)
+    return out

@@ -16,45 +16,68 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_kit import K, QUESTIONS, write_prompts  # noqa: E402
+from engine_kit import K, make_bigram_verifier, write_prompts  # noqa: E402
 
-#: UNFINISHED (skipped): run once here, at temperature 1 this drafter accepted 0 of 378 drafts
-#: per side (offline and vLLM agree, but the planted rule cannot be told apart at 0), and the
-#: module fixture ran past pytest-timeout's 900 s on 2 busy cores. Lower temperatures do not
-#: help with this fixture (offline, 12 prompts x 64 tokens, 2026-12-03): position-1 acceptance
-#: greedy / probabilistic 0.007 / 0.009 at T 0.3, 0.003 / 0.004 at T 0.6, 0.000 / 0.012 at T 1,
-#: against a 99 % interval width of ~0.01: the drafter memorised the chaotic verifier's greedy
-#: answers, and a sampled path leaves them at once. To finish: a verifier with peaked
-#: next-token distributions (a scaled lm_head) and a drafter trained on sampled answers, so that
-#: q is neither one-hot nor p, and a timeout mark.
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skip(reason="unfinished: no power at temperature 1 (0/378 accepted "
-                                      "both sides); see the module comment")]
+#: The fixture is a whole run (generate at temperature 1, prepare, vocab, extract, train,
+#: export), one vLLM start and two offline evals: ~10 minutes on 2 busy cores. The timeout is a
+#: bound for a hang, not a speed check.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
-#: New tokens per prompt: 6 prompts x 64 tokens give ~380 verify steps per side at the
-#: temperature-1 acceptance of this drafter (~0.02 at position 1 in vLLM).
-NEW_TOKENS, TEMPERATURE = 64, 1.0
+#: Why this verifier (history): against the chaotic verifier of the other engine tests, a drafter
+#: that memorised its greedy answers accepted 0 of 378 drafts per side at temperature 1 (a sampled
+#: path leaves the memorised answers at once), so agreement had no power and the planted rule
+#: could not be told apart. :func:`engine_kit.make_bigram_verifier` is a bigram model with a mean
+#: top probability of 0.37: the drafter learns it everywhere (trained on the verifier's own
+#: *sampled* answers), q is neither one-hot nor p, and the two rules accept at clearly different
+#: rates (offline, 8 prompts x 96 tokens, 2026-12-04: position 1 0.265 with greedy drafting
+#: over 559 verify steps, 0.614 with probabilistic over 337).
+TRAIN_PROMPTS = [f"Question number {i}: tell me about item {i * 7}." for i in range(24)]
+EVAL_PROMPTS = [f"Another question {i}?" for i in range(8)]
+NEW_TOKENS, TEMPERATURE = 96, 1.0
+SUPPORT = (1000, 1256)  # make_bigram_verifier's support: ids 1000 .. 1000 + 256
 
 
-def _eval(overfit_run, engine_verifier, prompts, out, **kw) -> dict:
+def _eval(run_dir, verifier, prompts, out, **kw) -> dict:
     from specdraft.eval.config import EvalConfig
     from specdraft.eval.run import run as evaluate
 
-    evaluate(EvalConfig(drafter=overfit_run / "export" / "sglang", verifier=str(engine_verifier),
+    evaluate(EvalConfig(drafter=run_dir / "export" / "sglang", verifier=str(verifier),
                         prompts=prompts, out=out, k=K, max_new_tokens=NEW_TOKENS,
                         temperature=TEMPERATURE, dtype="float32", **kw))
     return json.loads((out / "results.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def sampled(overfit_run, engine_verifier, vllm_python, tmp_path_factory) -> dict:
-    """``eval --engine vllm`` at temperature 1 (greedy drafting, the default: one engine start),
-    and the offline eval alone with probabilistic drafting on the same prompts."""
+def sampled(vllm_python, smollm2_tokenizer_dir, tmp_path_factory) -> dict:
+    """``specdraft run`` on the bigram verifier: its answers sampled at temperature 1 (seeded),
+    a drafter trained on them, exported (sglang) and evaluated with ``engine: vllm`` at
+    temperature 1 on 8 other prompts (greedy drafting, the default: one engine start); then the
+    offline eval alone with probabilistic drafting on the same prompts."""
+    import yaml
+
+    from specdraft.pipeline.config import PipelineConfig
+    from specdraft.pipeline.run import run
+
     root = tmp_path_factory.mktemp("sampled")
-    prompts = write_prompts(root / "p.jsonl", QUESTIONS)
-    greedy = _eval(overfit_run, engine_verifier, prompts, root / "greedy", engine="vllm",
-                   engine_python=vllm_python)
-    planted = _eval(overfit_run, engine_verifier, prompts, root / "probabilistic",
+    verifier = make_bigram_verifier(root / "verifier", smollm2_tokenizer_dir)
+    train = str(write_prompts(root / "train.jsonl", TRAIN_PROMPTS))
+    prompts = write_prompts(root / "p.jsonl", EVAL_PROMPTS, start=100)
+    cfg = {"run_dir": str(root / "run"), "verifier": str(verifier),
+           "generate": {"prompts": train, "max_tokens": 96, "batch_size": 24,
+                        "keep_truncated": True, "dtype": "float32", "temperature": 1.0,
+                        "seed": 0},
+           "prepare": {"max_seq_len": 256}, "vocab": {"draft_vocab_size": 512}, "extract": {},
+           "train": {"epochs": 1000, "max_steps": 400, "lr": 3e-3, "ttt_steps": K,
+                     "warmup_steps": 5, "val_fraction": 0.0, "eval_every": 1000,
+                     "save_every": 1000, "batch_tokens": 1024, "dtype": "float32"},
+           "export": {"format": "sglang"},
+           "eval": {"prompts": str(prompts), "k": K, "max_new_tokens": NEW_TOKENS,
+                    "temperature": TEMPERATURE, "dtype": "float32", "engine": "vllm",
+                    "engine_python": vllm_python}}
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    run(PipelineConfig.from_yaml(root / "config.yaml"))
+    greedy = json.loads((root / "run" / "eval" / "results.json").read_text())
+    planted = _eval(root / "run", verifier, prompts, root / "probabilistic",
                     draft_sample_method="probabilistic")
     return {"greedy": greedy, "probabilistic": planted, "root": root}
 
@@ -67,15 +90,34 @@ def test_engine_run_is_labelled_with_the_rule_it_ran(sampled):
     assert "accept with p(draft)" in eng["acceptance_rule"]
     assert off["acceptance_rule"] == eng["acceptance_rule"]
     assert "min(1, p/q)" in sampled["probabilistic"]["acceptance_rule"]
-    manifest = json.loads((sampled["root"] / "greedy" / "manifest.json").read_text())
+    manifest = json.loads((sampled["root"] / "run" / "eval" / "manifest.json").read_text())
     assert manifest["acceptance_rule"] == off["acceptance_rule"]
     assert manifest["engine"]["draft_sample_method"] == "greedy"
 
 
+def test_offline_samples_only_what_the_verifier_can_emit(sampled):
+    """Tokens outside the bigram verifier's 256-token support have logit -50 against O(3)
+    inside: at temperature 1 their total probability is below e^-40, so no committed token may
+    lie outside. True of the offline loop with both rules."""
+    for name in ("greedy", "probabilistic"):
+        tokens = [t for p in sampled[name]["prompts"] for t in p["tokens"]]
+        assert len(tokens) == len(EVAL_PROMPTS) * NEW_TOKENS
+        assert all(SUPPORT[0] <= t < SUPPORT[1] for t in tokens), name
+
+
+#: FOUND by this fixture (2026-12-04): vLLM 0.32's CPU build at temperature 1 commits tokens the
+#: verifier gives probability < e^-40 (33 of 768, none in the draft vocabulary, so they are
+#: sampled by the engine: recovered or bonus tokens), while its greedy tokens equal the offline
+#: loop's (T 0: tau 2.130 both sides, 8/8 prompts identical). Its position-1 acceptance is then
+#: 0.067 against 0.265 offline. Until that is explained (the CPU sampler's exponential draws are
+#: the first suspect), the per-position agreement at T > 0 fails here; strict, so a build that
+#: fixes it turns this into a failure to notice.
+@pytest.mark.xfail(strict=True, reason="vLLM 0.32 CPU samples tokens outside the verifier's "
+                                       "support at T 1 (33/768): see the comment above")
 def test_offline_with_vllms_rule_agrees_per_position(sampled):
     """Per position, offline rate - vLLM rate lies within the 99% interval
     ``2.576 * sqrt(r (1 - r) (1/n_off + 1/n_vllm))`` (r pooled), n = verify steps per side
-    (each >= 300 here: 6 prompts x 64 tokens at τ near 1). Both sides sample from seeded
+    (each >= 300 here: 8 prompts x 96 tokens at τ 1.4-2.3). Both sides sample from seeded
     generators (vLLM's drafter draws no random numbers with greedy drafting), so the result is
     reproducible on one build."""
     agree = sampled["greedy"]["engine"]["sampled_agreement"]
@@ -85,12 +127,16 @@ def test_offline_with_vllms_rule_agrees_per_position(sampled):
 
 def test_planted_probabilistic_rule_is_caught(sampled):
     """The offline eval with probabilistic drafting (min(1, p/q); the rule specdraft applied
-    before) against the same vLLM run: position 1 falls outside the 99% interval."""
+    before) against the offline eval with vLLM's rule: position 1 falls outside the 99%
+    interval (measured 0.614 vs 0.265), so the comparison can tell the two rules apart at this
+    fixture. (Against the engine itself it cannot be read while the engine's own sampling is
+    off: the xfail above.)"""
     from specdraft.eval.engine import sampled_agreement, figures
 
     eng = sampled["greedy"]["engine"]
-    agree = sampled_agreement(sampled["probabilistic"], eng)
+    agree = sampled_agreement(sampled["probabilistic"], sampled["greedy"])
     assert not agree["positions"][0]["within"], agree["positions"]
+    assert agree["positions"][0]["offline"] > agree["positions"][0]["engine"] + 0.2
     assert figures({"drafts": eng["verify_steps"], "draft_tokens": eng["drafted"],
                     "accepted": eng["accepted"], "per_pos": eng["per_position_accepted"]}
                    )["per_position"] == eng["per_position"]
