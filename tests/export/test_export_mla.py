@@ -30,6 +30,20 @@ from specdraft.models.io import save_drafter  # noqa: E402
 VOCAB, K, AUX = 1024, 200, (1, 2, 3)
 
 
+def random_mla_drafter(verifier) -> Eagle3MLADraftModel:
+    """A random MLA drafter shaped from ``verifier``'s profile (aux ids :data:`AUX`), its
+    embedding the verifier's, draft id i -> target 4i."""
+    c = Eagle3MLAConfig.from_profile(resolve_profile(verifier.config), draft_vocab_size=K,
+                                     aux_layer_ids=AUX)
+    drafter = Eagle3MLADraftModel(c).eval()
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(verifier.get_input_embeddings().weight)
+        drafter.d2t.copy_(torch.arange(K) * 4 - torch.arange(K))
+        drafter.t2d.zero_()
+        drafter.t2d[torch.arange(K) * 4] = True
+    return drafter
+
+
 @pytest.fixture(scope="module")
 def kimi(tmp_path_factory):
     """(verifier dir, drafter dir, the drafter): a random MLA drafter shaped from the verifier's
@@ -40,14 +54,7 @@ def kimi(tmp_path_factory):
     torch.manual_seed(0)
     verifier = AutoModelForCausalLM.from_config(kimi_config(VOCAB)).eval()
     verifier.save_pretrained(root / "verifier")
-    c = Eagle3MLAConfig.from_profile(resolve_profile(verifier.config), draft_vocab_size=K,
-                                     aux_layer_ids=AUX)
-    drafter = Eagle3MLADraftModel(c).eval()
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(verifier.get_input_embeddings().weight)
-        drafter.d2t.copy_(torch.arange(K) * 4 - torch.arange(K))  # draft i -> target 4i
-        drafter.t2d.zero_()
-        drafter.t2d[torch.arange(K) * 4] = True
+    drafter = random_mla_drafter(verifier)
     save_drafter(drafter, root / "drafter")
     return root, drafter
 
@@ -121,14 +128,7 @@ def test_doctor_checks_the_mla_export(tmp_path, think_tokenizer_dir):
     verifier = AutoModelForCausalLM.from_config(kimi_config(len(tok))).eval()
     verifier.save_pretrained(tmp_path / "verifier")
     tok.save_pretrained(tmp_path / "verifier")
-    c = Eagle3MLAConfig.from_profile(resolve_profile(verifier.config), draft_vocab_size=K,
-                                     aux_layer_ids=AUX)
-    drafter = Eagle3MLADraftModel(c).eval()
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(verifier.get_input_embeddings().weight)
-        drafter.d2t.copy_(torch.arange(K) * 4 - torch.arange(K))
-        drafter.t2d.zero_()
-        drafter.t2d[torch.arange(K) * 4] = True
+    drafter = random_mla_drafter(verifier)
     save_drafter(drafter, tmp_path / "drafter")
     export(ExportConfig(drafter=tmp_path / "drafter", out=tmp_path / "vllm", format="vllm",
                         verifier=str(tmp_path / "verifier"), aux_layers=AUX))
