@@ -73,3 +73,36 @@ def test_the_rule_catches_a_stage_importing_another(tmp_path):
 @pytest.mark.parametrize("room", sorted(ALLOWED))
 def test_every_room_exists(room):
     assert (PKG / room / "__init__.py").exists()
+
+
+def hf_config_readers(pkg: Path = PKG) -> list[str]:
+    """``file:line`` of every use of ``AutoConfig`` or every ``"config.json"`` joined to a path and
+    read as JSON outside :mod:`specdraft.core.profile`, the one reader of a verifier's HF
+    config (issue #27 item 2). A drafter's own ``config.json`` (export, models, artifacts) is not
+    a verifier config: those rooms are not scanned for the literal."""
+    found = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg.parent)
+        if rel.as_posix() == "specdraft/core/profile.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id == "AutoConfig" or \
+                    isinstance(node, ast.alias) and node.name == "AutoConfig":
+                found.append(f"{rel}:{getattr(node, 'lineno', '?')}: AutoConfig")
+            elif (isinstance(node, ast.Call) and "read" in ast.unparse(node.func)
+                  and '"config.json"' in ast.unparse(node).replace("'", '"')
+                  and path.relative_to(pkg).parts[0] not in ("export", "models", "artifacts")):
+                found.append(f"{rel}:{node.lineno}: reads config.json")
+    return sorted(set(found))
+
+
+def test_only_the_profile_reads_verifier_configs(tmp_path):
+    assert hf_config_readers() == []
+    pkg = tmp_path / "specdraft"
+    (pkg / "prepare").mkdir(parents=True)
+    (pkg / "prepare" / "run.py").write_text(
+        "import json\nfrom transformers import AutoConfig\n\ndef f(d):\n"
+        "    return json.loads((d / \"config.json\").read_text())\n")
+    assert hf_config_readers(pkg) == ["specdraft/prepare/run.py:2: AutoConfig",
+                                      "specdraft/prepare/run.py:5: reads config.json"]

@@ -37,3 +37,43 @@ def test_one_distributed_bootstrap():
              if re.search(r"init_process_group\(|environ\.get\(\"(RANK|WORLD_SIZE|LOCAL_RANK)\"",
                           p.read_text())}
     assert found <= {"core/context.py", "cli/train.py"}, found
+
+
+def test_every_stage_entry_takes_its_context_second():
+    """``run(config, ctx=None, ...)`` for every stage the pipeline runs and for doctor; the
+    pipeline hands each the context it built (one process)."""
+    import inspect
+
+    from specdraft.pipeline.stages import STAGES
+
+    entries = {s.name: s.load_entry() for s in STAGES}
+    from specdraft.doctor.run import run as doctor
+
+    entries["doctor"] = doctor
+    for name, entry in entries.items():
+        params = list(inspect.signature(entry).parameters.values())
+        assert [p.name for p in params[:2]] == ["config", "ctx"], name
+        assert params[1].default is None, name
+        assert all(p.kind is p.KEYWORD_ONLY for p in params[2:]), name
+
+
+def test_single_process_stages_refuse_a_torchrun_launch(monkeypatch, tmp_path):
+    """Under ``torchrun`` every rank of prepare (or vocab, export, eval, doctor, generate,
+    ``specdraft run``) would run the whole stage on one directory: refused, naming the rank;
+    a caller's one-process context is used as given."""
+    import pytest
+
+    from specdraft.core.context import StageContext, single_process
+    from specdraft.core.errors import ConfigError
+    from specdraft.prepare.config import PrepareConfig
+    from specdraft.prepare.run import run as prepare
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match=r"prepare runs in one process, but this is rank 1 "
+                                          r"of 2: run it without torchrun"):
+        prepare(PrepareConfig(run_dir=str(tmp_path / "run"), data=str(tmp_path / "x.jsonl")))
+    assert not (tmp_path / "run").exists()
+    mine = StageContext(0, 1, 0, torch.device("cpu"))
+    assert single_process("prepare", mine) is mine

@@ -101,7 +101,8 @@ def _remote_code_dir(root: Path, *, tokenizer: bool = False) -> tuple[Path, Path
 @pytest.mark.parametrize("tokenizer", [False, True], ids=["config_auto_map",
                                                           "tokenizer_auto_map"])
 def test_remote_code_is_refused_naming_the_flag(tmp_path, cli, tokenizer):
-    from specdraft.core.verifier import load_hf_config, load_tokenizer, load_verifier
+    from specdraft.core.profile import load_hf_config
+    from specdraft.core.verifier import load_tokenizer, load_verifier
 
     d, marker = _remote_code_dir(tmp_path, tokenizer=tokenizer)
     data = write_lines(tmp_path / "c.jsonl", [{"messages": [

@@ -146,7 +146,7 @@ def _verifier_facts(verifier: str, facts: dict[str, Any]) -> None:
         facts["embed"] = model.get_input_embeddings().weight.detach().cpu()
         hf = model.config
     else:
-        from specdraft.core.verifier import load_hf_config
+        from specdraft.core.profile import load_hf_config
 
         hf = load_hf_config(verifier)
     facts["verifier_profile"] = resolve_profile(hf, model=model)

@@ -31,6 +31,14 @@ class RunLayout:
         return self.root / name
 
     @property
+    def verifier_contract(self) -> Path:
+        """``RUN/verifier.json``: the verifier, tokenizer and chat format the run is bound to
+        (:mod:`specdraft.artifacts.verifier_contract`)."""
+        from specdraft.artifacts.verifier_contract import CONTRACT_FILE
+
+        return self.root / CONTRACT_FILE
+
+    @property
     def dataset(self) -> Path:
         """``RUN/prepare/dataset``: the prepared rows (HF ``datasets`` on disk)."""
         return self.root / "prepare" / "dataset"

@@ -1,5 +1,8 @@
-"""The stage context: who this process is in a (torchrun) job and where it computes. The one
-distributed bootstrap of every stage that runs on several processes (``extract``, ``train``).
+"""The stage context: who this process is in a (torchrun) job and where it computes. Every
+stage's entry is ``run(config, ctx=None, ...)``: ``ctx`` given by the caller (``specdraft run``,
+tests), else read from the environment here. The one distributed bootstrap of the stages that run
+on several processes (``extract``, ``train``: :func:`stage_context`); the others run in one
+process and refuse a multi-process launch (:func:`single_process`).
 
 ``torchrun --nproc-per-node N -m specdraft.cli STAGE ...`` sets ``RANK``, ``WORLD_SIZE`` and
 ``LOCAL_RANK`` (torch.distributed's environment contract); a plain process is rank 0 of 1.
@@ -12,9 +15,10 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import torch
+if TYPE_CHECKING:  # torch is imported when a device is picked: prepare never needs it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -38,9 +42,28 @@ class StageContext:
 
 def pick_device(requested: str | None, local_rank: int) -> torch.device:
     """``requested`` (``auto``/None: ``cuda:<local_rank>`` when CUDA is available, else CPU)."""
+    import torch
+
     if requested and requested != "auto":
         return torch.device(requested)
     return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def single_process(stage: str, ctx: StageContext | None = None,
+                   device: str | None = None) -> StageContext:
+    """The context of a stage that runs in one process: ``ctx``, else the environment's.
+
+    Raises :class:`~specdraft.core.errors.ConfigError` when it is one of several processes
+    (``WORLD_SIZE > 1``): under ``torchrun`` every rank would run the whole stage on the same
+    directory. Only ``extract`` and ``train`` shard their work."""
+    from specdraft.core.errors import ConfigError
+
+    ctx = ctx or context_from_env(device)
+    if ctx.distributed:
+        raise ConfigError(f"{stage} runs in one process, but this is rank {ctx.rank} of "
+                          f"{ctx.world_size}: run it without torchrun (only extract and train "
+                          f"are data-parallel)")
+    return ctx
 
 
 def context_from_env(device: str | None = None) -> StageContext:
@@ -56,6 +79,7 @@ def stage_context(device: str | None = None, *, backend: str | None = None
     """The context of this process, with the process group started when ``WORLD_SIZE > 1`` and
     none exists (``backend``, else NCCL on a CUDA device and gloo elsewhere), and destroyed on
     exit when this call started it (also on an exception)."""
+    import torch
     import torch.distributed as dist
 
     ctx = context_from_env(device)

@@ -4,7 +4,9 @@ A drafter trains to a good loss and then does not accept when served when one of
 resolved wrongly (issue #12): the final norm's gain convention, whether a stored final state is
 before or after that norm, the rotary type and its parameters, ``max_position_embeddings``, tied
 embeddings, and the MoE / MLA facts that change the drafter's shape. Stages read them from here,
-never from a raw HF config.
+never from a raw HF config: this module is the only reader of a verifier's HF config
+(:func:`load_hf_config` for ``AutoConfig``, :func:`config_json` for the raw ``config.json`` an
+engine reads), checked by ``tests/architecture/test_imports.py``.
 
 Norm gain conventions (transformers 5.24 ``modeling_*.py``):
 
@@ -16,6 +18,8 @@ Norm gain conventions (transformers 5.24 ``modeling_*.py``):
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -219,6 +223,50 @@ class VerifierProfile(_Frozen):
         a, b = self.to_dict(), other.to_dict()
         return [f"{k}: {json.dumps(a[k])} != {json.dumps(b.get(k))}" for k in a
                 if k not in ignore and a[k] != b.get(k)]
+
+
+# ---------------------------------------------------------------- reading HF configs
+
+
+def load_hf_config(path: str | os.PathLike, *, trust_remote_code: bool = False) -> Any:
+    """The verifier's ``AutoConfig`` (HF directory, ``.gguf`` file or ``smollm2``), refusing
+    remote code unless ``trust_remote_code``
+    (:func:`specdraft.core.verifier.require_trust`)."""
+    from transformers import AutoConfig
+
+    from specdraft.core.verifier import resolve_trusted
+
+    directory, gguf_file = resolve_trusted(path, trust_remote_code)
+    return AutoConfig.from_pretrained(directory, gguf_file=gguf_file,
+                                      trust_remote_code=trust_remote_code)
+
+
+def config_json(hf_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``hf_dir/config.json`` as an engine reads it: a dict with a VL model's ``text_config``
+    merged over the top level; None when the file does not exist. Raises
+    :class:`~specdraft.core.errors.InputError` naming the file when it is not a JSON object."""
+    from specdraft.core.errors import InputError
+    from specdraft.core.jsonl import read_json
+
+    path = Path(hf_dir) / "config.json"
+    if not path.exists():
+        return None
+    config = read_json(path, what="verifier config")
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: not a JSON object")
+    return {**config, **(config.get("text_config") or {})}
+
+
+def lm_head_rows(verifier: str | os.PathLike, *, trust_remote_code: bool = False) -> int | None:
+    """Rows of the verifier's LM head as its config states them (``vocab_size``, of
+    ``text_config`` for VL models); None when the config cannot be read or has none (a tokenizer
+    directory without a model). Reads the config only."""
+    try:
+        c = text_config(load_hf_config(verifier, trust_remote_code=trust_remote_code))
+    except (ConfigError, OSError, ValueError):
+        return None
+    size = getattr(c, "vocab_size", None)
+    return int(size) if size else None
 
 
 # ---------------------------------------------------------------- resolution

@@ -99,16 +99,6 @@ def resolve_trusted(path: str | os.PathLike, trust_remote_code: bool) -> tuple[s
     return directory, gguf_file
 
 
-def load_hf_config(path: str | os.PathLike, *, trust_remote_code: bool = False) -> Any:
-    """The verifier's ``AutoConfig`` (HF directory or ``.gguf``), refusing remote code unless
-    ``trust_remote_code`` (:func:`require_trust`)."""
-    from transformers import AutoConfig
-
-    directory, gguf_file = resolve_trusted(path, trust_remote_code)
-    return AutoConfig.from_pretrained(directory, gguf_file=gguf_file,
-                                      trust_remote_code=trust_remote_code)
-
-
 def load_tokenizer(path: str | os.PathLike, *, chat_template: str | None = None,
                    trust_remote_code: bool = False) -> Any:
     """The verifier's tokenizer (with its chat template, or ``chat_template`` when given);
@@ -314,12 +304,9 @@ def engine_hf_dir(verifier: str, run_dir: str | os.PathLike) -> Path:
 def check_engine_config(hf_dir: Path) -> None:
     """The engine-facing checks of ``hf_dir/config.json`` (a VL model's ``text_config`` merged
     over it): the MoE routing keys (:func:`specdraft.core.profile.check_engine_routing`)."""
-    import json
+    from specdraft.core.profile import check_engine_routing, config_json
 
-    from specdraft.core.profile import check_engine_routing
-
-    path = hf_dir / "config.json"
-    if not path.exists():
+    config = config_json(hf_dir)
+    if config is None:
         return  # the engine's own loader names the missing file
-    config = json.loads(path.read_text(encoding="utf-8"))
-    check_engine_routing({**config, **(config.get("text_config") or {})}, str(path))
+    check_engine_routing(config, str(hf_dir / "config.json"))

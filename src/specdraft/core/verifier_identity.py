@@ -223,8 +223,7 @@ def identify(verifier: str | os.PathLike, *, tokenizer: Any = None,
 
 def _identify(directory: str, gguf_file: str | None, verifier: str | os.PathLike,
               tokenizer: Any, trust_remote_code: bool) -> dict[str, Any]:
-    from transformers import AutoConfig
-
+    from specdraft.core.profile import load_hf_config
     from specdraft.core.verifier import load_tokenizer
 
     gguf = None
@@ -232,8 +231,7 @@ def _identify(directory: str, gguf_file: str | None, verifier: str | os.PathLike
         from gguf import GGUFReader
 
         gguf = GGUFReader(str(Path(directory) / gguf_file))
-    hf = AutoConfig.from_pretrained(directory, gguf_file=gguf_file,
-                                    trust_remote_code=trust_remote_code)
+    hf = load_hf_config(verifier, trust_remote_code=trust_remote_code)
     config = normalized_config(hf)
     if tokenizer is None:
         tokenizer = load_tokenizer(verifier, trust_remote_code=trust_remote_code)

@@ -24,6 +24,7 @@ import torch
 from specdraft.core.atomic import atomic_write_json
 from specdraft.core.chat import generation_stop_ids
 from specdraft.core.assets import resolve_path
+from specdraft.core.context import StageContext, single_process
 from specdraft.core.manifest import StageClock, file_sha256, input_hash, read_manifest, \
     write_manifest
 from specdraft.core.rundir import open_stage_dir, stage_dir
@@ -148,10 +149,16 @@ def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[
                      **common) for ids, g in zip(prompt_ids, gens)]
 
 
-def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
+def run(config: EvalConfig, ctx: StageContext | None = None, *,
+        verifier: Any | None = None) -> dict[str, Any]:
     """Evaluate; return the manifest. ``verifier``: an already loaded HF model (so that
-    ``specdraft run`` loads it once); else it is loaded from ``config.verifier``."""
+    ``specdraft run`` loads it once); else it is loaded from ``config.verifier`` on
+    ``ctx.device``.
+
+    ``ctx``: this process (:mod:`specdraft.core.context`), else read from the environment; the
+    stage runs in one process (:func:`specdraft.core.context.single_process`)."""
     clock = StageClock()
+    ctx = single_process("eval", ctx, config.device)
     prompts = load_prompts(config.prompts, config.limit)
     out = output_dir(config)
     if config.server is not None:
@@ -164,7 +171,7 @@ def run(config: EvalConfig, verifier: Any | None = None) -> dict[str, Any]:
 
         tokenizer = load_tokenizer(config.verifier)
         if verifier is None:
-            verifier = load_verifier(config.verifier, dtype=config.dtype, device=config.device)
+            verifier = load_verifier(config.verifier, dtype=config.dtype, device=str(ctx.device))
         binding = verifier_binding(config, verifier, tokenizer)
         fmt = eval_chat_format(config, tokenizer)
         for p in prompts:

@@ -16,6 +16,7 @@ from specdraft.artifacts.drafter import read_drafter
 from specdraft.artifacts.export import validated_candidate, write_export
 from specdraft.artifacts.layout import RunLayout
 from specdraft.core.errors import InputError, StageDirError
+from specdraft.core.context import StageContext, single_process
 from specdraft.core.manifest import (StageClock, load_stage_manifest, utc_now, write_manifest,
                                      write_provenance)
 from specdraft.core.rundir import open_stage_dir, stage_dir
@@ -37,13 +38,17 @@ def out_dir(config: ExportConfig) -> Path:
         stage_dir(config.run_dir, STAGE) / config.format
 
 
-def run(config: ExportConfig) -> dict[str, Any]:
+def run(config: ExportConfig, ctx: StageContext | None = None) -> dict[str, Any]:
     """Validate and write the export; return its manifest.
 
     Raises :class:`ExportRefused` listing every problem (nothing written), or
     :class:`StageDirError` when the output exists and ``--overwrite`` was not given.
+
+    ``ctx``: this process (:mod:`specdraft.core.context`), else read from the environment; the
+    stage runs in one process (:func:`specdraft.core.context.single_process`).
     """
     clock = StageClock()
+    single_process(STAGE, ctx, "cpu")
     src = read_drafter(source_dir(config))
     out = out_dir(config)
     if out.exists() and any(out.iterdir()) and not config.overwrite:

@@ -307,8 +307,12 @@ def verify(model: Any, ds: Any, out: Path, aux_ids: Sequence[int], n: int, seed:
 # ---------------------------------------------------------------- entry point
 
 
-def run(config: ExtractConfig, verifier: Any = None) -> dict[str, Any]:
+def run(config: ExtractConfig, ctx: StageContext | None = None, *,
+        verifier: Any = None) -> dict[str, Any]:
     """Run the extract stage; return its manifest (on every rank).
+
+    ``ctx``: this process, from a caller that started the process group itself (else
+    :func:`specdraft.core.context.stage_context` reads torchrun's environment and starts it).
 
     ``verifier``: an already-loaded HF causal LM (so that ``specdraft run`` loads it once);
     otherwise ``config.verifier`` is loaded with :func:`specdraft.core.verifier.load_verifier`.
@@ -316,6 +320,8 @@ def run(config: ExtractConfig, verifier: Any = None) -> dict[str, Any]:
     disk too small, resume with changed settings), :class:`InputError` (bad dataset row) and
     :class:`ConfigError` (aux ids outside ``[1, N]``).
     """
+    if ctx is not None:
+        return _run(config, verifier, ctx)
     # the vLLM backend's ranks exchange small objects only: gloo, whatever the device
     with stage_context(config.device, backend="gloo" if config.backend == "vllm" else None) as stage:
         return _run(config, verifier, stage)
@@ -383,6 +389,8 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
         from specdraft.extract.vllm_backend import verifier_hf_dir
         _on_rank0(lambda: verifier_hf_dir(config), rank, world)
         _barrier(world)
+    # the config checks above are cheaper still; the model is loaded only for the run's verifier
+    _on_rank0(lambda: bind_verifier(config, in_memory=verifier is not None), rank, world)
     model = _load_model(config, verifier, out, str(stage.device))
     ctx = {**_context(config, model, ds, rank, world), "resume_changes": changes or {}}
     in_memory = verifier is not None
@@ -433,12 +441,33 @@ def verifier_profile(config: ExtractConfig, model: Any) -> VerifierProfile:
     whose stored final state is the engine's pre-norm state normalised here). Raises
     :class:`ConfigError` naming a config field specdraft does not understand."""
     if hasattr(model, "hf_dir"):  # an EngineVerifier: the weights stay with the engine
-        from specdraft.core.verifier import load_hf_config
+        from specdraft.core.profile import load_hf_config
 
         return resolve_profile(load_hf_config(model.hf_dir,
                                               trust_remote_code=config.trust_remote_code),
                                backend=config.backend)
     return resolve_profile(model.config, model=model, backend=config.backend)
+
+
+def bind_verifier(config: ExtractConfig, *, in_memory: bool) -> None:
+    """Check ``--verifier`` against the run's contract (``RUN/verifier.json``,
+    :func:`specdraft.artifacts.verifier_contract.bind`) before the model is loaded: another
+    model, tokenizer or vocabulary than the one the run generated and prepared with raises
+    :class:`ConfigError` naming each difference. Skipped (said on stderr) only for a model
+    handed over in memory whose ``--verifier`` names no files."""
+    from specdraft.artifacts import verifier_contract
+    from specdraft.core.verifier import load_tokenizer
+
+    try:
+        tok = load_tokenizer(config.verifier, trust_remote_code=config.trust_remote_code)
+    except (ConfigError, OSError) as err:
+        if not in_memory:
+            raise
+        print(f"extract: verifier not bound to the run ({err})", file=sys.stderr)
+        return
+    verifier_contract.bind(config.run_dir, verifier_contract.describe(
+        STAGE, verifier=config.verifier, tokenizer=tok,
+        trust_remote_code=config.trust_remote_code))
 
 
 def verifier_identity(config: ExtractConfig, *, in_memory: bool) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ import torch
 
 from specdraft.core.conventions import supervised_mask
 from specdraft.core.errors import ConfigError, InputError
-from specdraft.core.profile import NormGain, norm_gain
+from specdraft.core.profile import NormGain, config_json, norm_gain
 from specdraft.core.context import context_from_env
 from specdraft.core.verifier import resolve_device, resolve_dtype
 from specdraft.engines.process import EngineError, stop
@@ -70,11 +70,6 @@ class EngineVerifier:
     norm_gain: NormGain = "w"
 
 
-def _text_config(hf_dir: Path) -> dict[str, Any]:
-    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
-    return {**config, **config.get("text_config", {})}
-
-
 def _tensor_files(hf_dir: Path) -> list[Path]:
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
@@ -107,7 +102,9 @@ def load_engine_verifier(hf_dir: Path, dtype: torch.dtype) -> EngineVerifier:
     (:func:`specdraft.core.profile.norm_gain`). Raises :class:`ConfigError` for a ``model_type``
     whose convention is unknown or whose head/norm tensors are missing.
     """
-    config = _text_config(hf_dir)
+    config = config_json(hf_dir)
+    if config is None:
+        raise ConfigError(f"--verifier {hf_dir}: no config.json (vLLM backend)")
     model_type = str(config.get("model_type", ""))
     gain = norm_gain(model_type)
     t = _read_tensors(hf_dir, {"embed": "embed_tokens.weight", "lm_head": "lm_head.weight",

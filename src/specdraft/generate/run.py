@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 from specdraft.core.atomic import atomic_open
+from specdraft.core.context import StageContext, single_process
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
 from specdraft.core.assets import resolve_path
@@ -37,6 +38,10 @@ from specdraft.generate.progress import Progress, format_summary
 from specdraft.generate.samples import Checks, SampleState
 
 STAGE = "generate"
+#: The local backend's settings that make up the chat format (explicit ones are checked against
+#: the run's, ``RUN/verifier.json``).
+CHAT_SETTINGS = ("chat_template", "chat_template_kwargs", "think_open", "think_close",
+                 "stop_tokens")
 SAMPLES = "samples.jsonl"
 REJECTS = "rejects.jsonl"
 RETRIED_REASONS = frozenset({"error"})
@@ -168,9 +173,12 @@ def _select(config: GenerateConfig, out: Path, prior: PriorState, sink: Sink
     return todo, counts
 
 
-def run(config: GenerateConfig, *, verifier: Any = None, stream: TextIO | None = None
-        ) -> dict[str, Any]:
+def run(config: GenerateConfig, ctx: StageContext | None = None, *, verifier: Any = None,
+        stream: TextIO | None = None) -> dict[str, Any]:
     """Run the generate stage; return its manifest.
+
+    ``ctx``: this process (:mod:`specdraft.core.context`; one process only, the local backend
+    loads the verifier on ``ctx.device``), else read from the environment.
 
     ``verifier``: for ``backend="local"``, an already-loaded
     :class:`~specdraft.generate.local_backend.LocalBackend` or ``(model, tokenizer)`` pair, so
@@ -183,6 +191,7 @@ def run(config: GenerateConfig, *, verifier: Any = None, stream: TextIO | None =
     after every finished sample has been written (the state is resumable).
     """
     clock = StageClock()
+    ctx = single_process(STAGE, ctx, getattr(config, "device", None))
     api_key = _api_key(config)
     out = open_stage_dir(config.run_dir, STAGE, resume=config.resume,
                          overwrite=config.overwrite)
@@ -200,7 +209,7 @@ def run(config: GenerateConfig, *, verifier: Any = None, stream: TextIO | None =
         if config.backend == "openai":
             facts = asyncio.run(_run_openai(todo, config, sink, api_key))
         else:
-            facts = _run_local(todo, config, sink, verifier)
+            facts = _run_local(todo, config, sink, verifier, str(ctx.device))
     finally:
         sink.close()
         progress.close()
@@ -310,9 +319,12 @@ async def _drive(coros: list[Any], sink: Sink) -> None:
 
 
 def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
-               verifier: Any) -> dict[str, Any]:
+               verifier: Any, device: str) -> dict[str, Any]:
     """Generate in-process; the chat format is resolved here (the first stage to touch the
-    tokenizer) and saved as ``RUN/generate/chat_format.json`` for prepare to check against."""
+    tokenizer) and bound to the run (``RUN/verifier.json``,
+    :func:`specdraft.artifacts.verifier_contract.bind`); also recorded as
+    ``RUN/generate/chat_format.json``."""
+    from specdraft.artifacts import verifier_contract
     from specdraft.core.chat import DEFAULT_THINK, ChatFormat
     from specdraft.core.verifier import load_tokenizer, load_verifier
     from specdraft.generate.local_backend import LocalBackend
@@ -323,13 +335,17 @@ def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
         if verifier is None and not todo:
             return {"model": Path(config.verifier).name}
         model, tok = verifier if verifier is not None else (
-            load_verifier(config.verifier, dtype=config.dtype, device=config.device),
+            load_verifier(config.verifier, dtype=config.dtype, device=device),
             load_tokenizer(config.verifier))
         think = (config.think_open, config.think_close)
         fmt = ChatFormat.resolve(tok, chat_template=config.chat_template,
                                  kwargs=config.chat_template_kwargs,
                                  think_tokens=None if think == DEFAULT_THINK else think,
                                  stop_tokens=config.stop_tokens)
+        given = verifier_contract.describe(STAGE, verifier=config.verifier, tokenizer=tok,
+                                           chat=fmt)
+        explicit = bool(set(CHAT_SETTINGS) & config.model_fields_set)
+        fmt = verifier_contract.bind(config.run_dir, given, chat_explicit=explicit).chat or fmt
         backend = LocalBackend(model, tok, name=Path(config.verifier).name,
                                max_tokens=config.max_tokens, temperature=config.temperature,
                                top_p=config.top_p, seed=config.seed, chat_format=fmt)

@@ -26,6 +26,7 @@ from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, path_sha2
                                      load_stage_manifest, parse_manifest, read_manifest,
                                      utc_now)
 from specdraft.core.rundir import stage_dir
+from specdraft.core.context import single_process
 from specdraft.core.verifier import VerifierSpec
 from specdraft.pipeline.config import PipelineConfig
 from specdraft.pipeline.stages import STAGE_NAMES, STAGES, StageSpec
@@ -145,7 +146,9 @@ def _run_stage(spec: StageSpec, cfg: StageConfig, *, resume: bool,
     if spec.uses_verifier(cfg):
         model, tokenizer = verifier.get(VerifierSpec.of(cfg), spec.name)
         kwargs["verifier"] = (model, tokenizer) if spec.verifier_arg == "pair" else model
-    return spec.load_entry()(cfg, **kwargs)
+    device = getattr(cfg, "device", None)
+    ctx = single_process("specdraft run", None, None if device == "auto" else device)
+    return spec.load_entry()(cfg, ctx, **kwargs)
 
 
 def _finish(config: PipelineConfig, actions: dict[str, str], clock: StageClock,

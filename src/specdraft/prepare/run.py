@@ -14,9 +14,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from specdraft.core.chat import (CHAT_FORMAT_FILE, DEFAULT_THINK, ChatFormat, Renderer,
+from specdraft.core.chat import (DEFAULT_THINK, ChatFormat, Renderer,
                                  added_token_ids, byte_fallback_ids, message_reasoning,
                                  template_special_ids)
+from specdraft.core.context import StageContext, single_process
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.jsonl import read_json
 from specdraft.core.manifest import StageClock, input_hash, path_sha256, write_manifest
@@ -28,7 +29,9 @@ from specdraft.prepare.records import (Sample, iter_records, iter_turns, split_i
 from specdraft.prepare.stats import Summary
 from specdraft.prepare.turns import Rules, Turn, TurnRejected, check_token_ids, encode_turn
 from specdraft.prepare.writer import DatasetWriter
+from specdraft.artifacts import verifier_contract
 from specdraft.artifacts.layout import RunLayout
+from specdraft.artifacts.verifier_contract import VerifierContract
 
 STAGE = "prepare"
 
@@ -51,44 +54,29 @@ def load_prepare_tokenizer(config: PrepareConfig) -> Any:
     return load_tokenizer(path, trust_remote_code=config.trust_remote_code)
 
 
-def resolve_chat_format(config: PrepareConfig, tokenizer: Any) -> ChatFormat:
-    """The run's chat format: resolved from the tokenizer and this stage's settings; when local
-    generation already resolved one (``RUN/generate/chat_format.json``), it must render chats the
-    same way, else :class:`ConfigError` naming the differing facts."""
+#: The prepare settings that make up the chat format (explicit ones are checked against the run's).
+CHAT_SETTINGS = ("chat_template", "chat_template_kwargs", "think_tokens", "stop_tokens",
+                 "add_special_tokens")
+
+
+def bind_verifier(config: PrepareConfig, tokenizer: Any) -> VerifierContract:
+    """The run's verifier contract (``RUN/verifier.json``,
+    :func:`specdraft.artifacts.verifier_contract.bind`) with this stage's verifier, tokenizer and
+    chat format: its ``chat`` is the run's when this stage's chat settings were left unset (local
+    generation resolved it), else the one these settings resolve, which must render chats as the
+    run's does; its ``vocab_size`` is the verifier's LM head rows. Raises :class:`ConfigError`
+    naming the contract and every difference (another verifier, tokenizer or vocabulary; other
+    chat settings)."""
     fmt = ChatFormat.resolve(tokenizer, chat_template=config.chat_template,
                              kwargs=config.chat_template_kwargs,
                              add_special_tokens=config.add_special_tokens,
                              think_tokens=config.think_tokens, stop_tokens=config.stop_tokens)
-    generated = stage_dir(config.run_dir, "generate") / CHAT_FORMAT_FILE
-    if config.data is None and generated.exists():
-        differs = ChatFormat.load(generated).rendering_differs(fmt)
-        if differs:
-            raise ConfigError(f"prepare would render chats unlike the local generation that "
-                              f"produced the answers ({generated}): {differs} differ; give "
-                              f"prepare the same --chat-template / --chat-template-kwargs / "
-                              f"--stop-tokens / --think-tokens as generate (in `specdraft run`, "
-                              f"set them once under `chat:`)")
-    return fmt
-
-
-def verifier_vocab_size(config: PrepareConfig, tokenizer: Any) -> int:
-    """Rows of the verifier's lm_head: ``vocab_size`` of an HF config.json, else the tokenizer
-    size (a GGUF's token list has one entry per embedding row)."""
-    from specdraft.core.verifier import resolve_verifier
-
-    try:
-        directory, gguf_file = resolve_verifier(config.verifier)
-    except ConfigError:
-        if config.tokenizer is None:
-            raise
-        return len(tokenizer)
-    if gguf_file is None:
-        cfg = read_json(Path(directory) / "config.json", what="verifier config")
-        cfg = cfg if isinstance(cfg, dict) else {}
-        size = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
-        if size:
-            return int(size)
-    return len(tokenizer)
+    given = verifier_contract.describe(STAGE, verifier=config.verifier, tokenizer=tokenizer,
+                                       tokenizer_path=config.tokenizer,
+                                       trust_remote_code=config.trust_remote_code, chat=fmt)
+    explicit = bool(set(CHAT_SETTINGS) & config.model_fields_set)
+    contract = verifier_contract.bind(config.run_dir, given, chat_explicit=explicit)
+    return contract if contract.chat is not None else contract.model_copy(update={"chat": fmt})
 
 
 def input_files(config: PrepareConfig) -> tuple[Path, dict[str, str]]:
@@ -106,9 +94,10 @@ def input_files(config: PrepareConfig) -> tuple[Path, dict[str, str]]:
 class _Job:
     """State of one prepare run: renderer, rules, outputs and counters."""
 
-    def __init__(self, config: PrepareConfig, renderer: Renderer, rules: Rules,
+    def __init__(self, config: PrepareConfig, fmt: ChatFormat, renderer: Renderer, rules: Rules,
                  out: Path, vocab_size: int) -> None:
         self.config, self.renderer, self.rules = config, renderer, rules
+        self.default_kwargs = fmt.kwargs  # of samples that carry no chat_template_kwargs
         self.think_tags = rules.think or DEFAULT_THINK
         self.rejects = Rejects(out, filename=f"rejects.jsonl.tmp-{os.getpid()}")
         self.writer = DatasetWriter(out / f"dataset.arrow.tmp-{os.getpid()}")
@@ -121,7 +110,7 @@ class _Job:
         """Encode every supervised turn of one record (rows or rejects)."""
         self.summary.samples_in += 1
         try:
-            sample = to_sample(record, where, self.config.chat_template_kwargs)
+            sample = to_sample(record, where, self.default_kwargs)
             sample = split_inline_reasoning(sample, self.think_tags)
         except TurnRejected as err:
             self.rejects.add(str(record.get("id") or where), err.reason, err.detail, where=where)
@@ -165,18 +154,22 @@ def start_job(config: PrepareConfig, out: Path) -> tuple[_Job, ChatFormat, int]:
     """The job writing under ``out`` (tokenizer, chat format, rules), its chat format and the
     verifier's vocabulary size."""
     tokenizer = load_prepare_tokenizer(config)
-    fmt = resolve_chat_format(config, tokenizer)
+    contract = bind_verifier(config, tokenizer)
+    fmt, vocab_size = contract.chat, contract.vocab_size
     rules = Rules(stop_ids=frozenset(fmt.stop_token_ids), think=fmt.think_names,
                   max_seq_len=config.max_seq_len, reasoning_format=config.reasoning_format)
-    vocab_size = verifier_vocab_size(config, tokenizer)
-    job = _Job(config, fmt.renderer(tokenizer), rules, out, max(vocab_size, len(tokenizer)))
+    job = _Job(config, fmt, fmt.renderer(tokenizer), rules, out, max(vocab_size, len(tokenizer)))
     return job, fmt, vocab_size
 
 
-def run(config: PrepareConfig) -> dict[str, Any]:
+def run(config: PrepareConfig, ctx: StageContext | None = None) -> dict[str, Any]:
     """Run the prepare stage; return its manifest. Raises ConfigError / InputError /
-    StageDirError with a message naming the flag, file+line or directory."""
+    StageDirError with a message naming the flag, file+line or directory.
+
+    ``ctx``: this process (:mod:`specdraft.core.context`), else read from the environment; the
+    stage runs in one process (:func:`specdraft.core.context.single_process`)."""
     clock = StageClock()
+    single_process(STAGE, ctx, "cpu")
     out = open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
     source, inputs = input_files(config)
     job, fmt, vocab_size = start_job(config, out)

@@ -46,7 +46,7 @@ def verifier_profile(cfg: TrainConfig, verifier: Any, extract_manifest: Any) -> 
     if not path:
         raise ConfigError("--verifier: needed to read the verifier's config (the extract "
                           "manifest records no verifier profile nor path)")
-    from specdraft.core.verifier import load_hf_config
+    from specdraft.core.profile import load_hf_config
 
     return resolve_profile(load_hf_config(path))
 
@@ -198,14 +198,19 @@ def preflight_teacher(cfg: TrainConfig, verifier: Any, data: Data, env: StageCon
     return report.to_dict()
 
 
-def run(config: TrainConfig, verifier: Any = None, source: Any = None) -> dict[str, Any]:
+def run(config: TrainConfig, ctx: StageContext | None = None, *, verifier: Any = None,
+        source: Any = None) -> dict[str, Any]:
     """Train a drafter; returns the manifest (on every rank; only rank 0 writes files).
 
+    ``ctx``: this process, from a caller that started the process group itself (else
+    :func:`specdraft.core.context.stage_context` reads torchrun's environment and starts it).
     ``verifier``: an already-loaded HF causal LM (online mode, or the head and config source
     when ``source`` is given); ``source``: a ready hidden-state source (tests, ``specdraft
     run``). Runs under torchrun when ``WORLD_SIZE > 1``.
     """
     clock = StageClock()
+    if ctx is not None:
+        return _run(config, ctx, clock, verifier, source)
     with stage_context(config.device) as env:
         return _run(config, env, clock, verifier, source)
 

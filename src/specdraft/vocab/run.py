@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from specdraft.artifacts.vocab_map import VOCAB_FILE, save_vocab_map
+from specdraft.core.context import StageContext, single_process
 from specdraft.core.manifest import PrepareManifest, StageClock, input_hash, write_manifest
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
 from specdraft.vocab import mapping
@@ -56,10 +57,14 @@ def token_strings(prepare_manifest: PrepareManifest, ids: list[int]) -> list[str
         return [None] * len(ids)
 
 
-def run(config: VocabConfig) -> dict[str, Any]:
+def run(config: VocabConfig, ctx: StageContext | None = None) -> dict[str, Any]:
     """Run the vocab stage; return its manifest. Raises StageDirError when prepare has not
-    completed, ValueError for ids outside the vocabulary or too many forced ids."""
+    completed, ValueError for ids outside the vocabulary or too many forced ids.
+
+    ``ctx``: this process (:mod:`specdraft.core.context`), else read from the environment; the
+    stage runs in one process (:func:`specdraft.core.context.single_process`)."""
     clock = StageClock()
+    single_process(STAGE, ctx, "cpu")
     out = open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
     prep = require_stage(config.run_dir, "prepare")
     prep_dir = stage_dir(config.run_dir, "prepare")
