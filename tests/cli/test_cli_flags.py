@@ -38,6 +38,7 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
                                            {"enable_thinking": False}),
     ("prepare", "chat_template_kwargs"): (["--chat-template-kwargs", '{"a": [1]}'], {"a": [1]}),
     ("prepare", "think_tokens"): (["--think-tokens", "<t>,</t>"], ("<t>", "</t>")),
+    ("generate", "think_tokens"): (["--think-tokens", "<t>,</t>"], ("<t>", "</t>")),
     ("prepare", "stop_tokens"): (["--stop-tokens", "<|im_end|>", "--stop-tokens", "<eos>"],
                                  ("<|im_end|>", "<eos>")),
     ("generate", "stop_tokens"): (["--stop-tokens", "<|im_end|>", "--stop-tokens", "<eos>"],

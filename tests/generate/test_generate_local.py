@@ -101,3 +101,17 @@ def test_summary_figures_recount_from_the_written_samples(tiny, tmp_path):
     assert s["req_per_s"] == pytest.approx(2 / s["elapsed_s"], rel=5e-2)
     assert f"tokens: {sum(seq)} total, 8 response" in out.getvalue()
     assert "skipped: 1 (duplicate=1)" in out.getvalue()
+
+
+def test_think_markers_are_one_setting():
+    """``think_tokens`` is the one setting (``--think-tokens A,B``); settings files written with
+    ``think_open``/``think_close`` still load as it; one of them alone is refused."""
+    from specdraft.core.errors import ConfigError
+
+    base = {"prompts": "p.jsonl", "run_dir": "r"}
+    assert GenerateConfig(**base).think == ("<think>", "</think>")
+    assert GenerateConfig.build({**base, "think_tokens": "<t>,</t>"}).think == ("<t>", "</t>")
+    old = GenerateConfig.build({**base, "think_open": "<t>", "think_close": "</t>"})
+    assert old.think_tokens == ("<t>", "</t>")
+    with pytest.raises(ConfigError, match="give both, or think_tokens"):
+        GenerateConfig.build({**base, "think_open": "<t>"})

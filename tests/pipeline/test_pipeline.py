@@ -173,7 +173,7 @@ def test_one_chat_format_per_run(tmp_path, verifier8):
                        chat={"think_tokens": ["<t>", "</t>"], "stop_tokens": ["<|im_end|>"]})
     config = PipelineConfig.from_yaml(cfg)
     gen, prep = config.stages["generate"], config.stages["prepare"]
-    assert (gen.think_open, gen.think_close, gen.stop_tokens) == ("<t>", "</t>", ("<|im_end|>",))
+    assert (gen.think_tokens, gen.stop_tokens) == (("<t>", "</t>"), ("<|im_end|>",))
     assert (prep.think_tokens, prep.stop_tokens) == (("<t>", "</t>"), ("<|im_end|>",))
 
     from transformers import AutoTokenizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from specdraft.artifacts.prompts import DEFAULT_FIELDS
 from specdraft.core.chat import DEFAULT_THINK
@@ -73,10 +73,9 @@ class GenerateConfig(StageConfig):
                                                "id) from COLUMN; repeatable.")
     limit: int | None = Field(None, ge=1, description="Use the first N prompts only.")
     # reasoning
-    think_open: str = Field(DEFAULT_THINK[0], min_length=1,
-                            description="Opener of inline reasoning in the answer text.")
-    think_close: str = Field(DEFAULT_THINK[1], min_length=1,
-                             description="Closer of inline reasoning in the answer text.")
+    think_tokens: tuple[str, str] | None = Field(
+        None, description="OPENER,CLOSER of reasoning: inline in answers, and the local "
+                          "backend's chat format (none: <think>,</think>).")
     require_reasoning: bool = Field(False, description="Reject turns without reasoning "
                                                        "(empty_reasoning).")
     malformed_think: Literal["reject", "keep"] = Field(
@@ -101,10 +100,30 @@ class GenerateConfig(StageConfig):
                                                                   "token(s) (default: detected "
                                                                   "from the template).")
 
-    @field_validator("stop_tokens", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _split_stop_tokens(cls, v: Any) -> Any:
+    def _one_think_setting(cls, data: Any) -> Any:
+        """Settings files written before think markers were one setting (``think_open`` and
+        ``think_close``) still load: both become ``think_tokens``; one alone, or either beside
+        ``think_tokens``, is refused."""
+        if not isinstance(data, dict) or not {"think_open", "think_close"} & set(data):
+            return data
+        data = dict(data)
+        pair = (data.pop("think_open", None), data.pop("think_close", None))
+        if None in pair or data.get("think_tokens") is not None:
+            raise ValueError("think_open/think_close: give both, or think_tokens: "
+                             "[OPENER, CLOSER] alone (one setting)")
+        return {**data, "think_tokens": pair}
+
+    @field_validator("stop_tokens", "think_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, v: Any) -> Any:
         return tuple(t.strip() for t in v.split(",") if t.strip()) if isinstance(v, str) else v
+
+    @property
+    def think(self) -> tuple[str, str]:
+        """The reasoning markers in effect: ``think_tokens`` or ``<think>``/``</think>``."""
+        return tuple(self.think_tokens) if self.think_tokens else DEFAULT_THINK
 
     @field_validator("fields")
     @classmethod

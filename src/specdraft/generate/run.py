@@ -40,8 +40,7 @@ from specdraft.generate.samples import Checks, SampleState
 STAGE = "generate"
 #: The local backend's settings that make up the chat format (explicit ones are checked against
 #: the run's, ``RUN/verifier.json``).
-CHAT_SETTINGS = ("chat_template", "chat_template_kwargs", "think_open", "think_close",
-                 "stop_tokens")
+CHAT_SETTINGS = ("chat_template", "chat_template_kwargs", "think_tokens", "stop_tokens")
 SAMPLES = "samples.jsonl"
 REJECTS = "rejects.jsonl"
 RETRIED_REASONS = frozenset({"error"})
@@ -146,7 +145,7 @@ class Sink:
 
 
 def _checks(config: GenerateConfig) -> Checks:
-    return Checks(open_tag=config.think_open, close_tag=config.think_close,
+    return Checks(open_tag=config.think[0], close_tag=config.think[1],
                   require_reasoning=config.require_reasoning,
                   malformed_think=config.malformed_think, keep_truncated=config.keep_truncated)
 
@@ -337,7 +336,7 @@ def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
         model, tok = verifier if verifier is not None else (
             load_verifier(config.verifier, dtype=config.dtype, device=device),
             load_tokenizer(config.verifier))
-        think = (config.think_open, config.think_close)
+        think = config.think
         fmt = ChatFormat.resolve(tok, chat_template=config.chat_template,
                                  kwargs=config.chat_template_kwargs,
                                  think_tokens=None if think == DEFAULT_THINK else think,

@@ -34,13 +34,13 @@ from specdraft.pipeline.stages import STAGE_NAMES, STAGES
 SHARED_KEYS = ("run_dir", "verifier", "device")
 
 #: The run's chat format: ``chat:`` key -> ``{stage: field}`` of each stage that renders chats.
-#: ``think_tokens`` is ``[opener, closer]``; generate keeps them as ``think_open``/``think_close``.
+#: ``think_tokens`` is ``[opener, closer]``.
 CHAT_FIELDS: dict[str, dict[str, str]] = {
     "template": {"generate": "chat_template", "prepare": "chat_template",
                  "eval": "chat_template"},
     "template_kwargs": {"generate": "chat_template_kwargs", "prepare": "chat_template_kwargs",
                         "eval": "chat_template_kwargs"},
-    "think_tokens": {"generate": "think_open,think_close", "prepare": "think_tokens"},
+    "think_tokens": {"generate": "think_tokens", "prepare": "think_tokens"},
     "stop_tokens": {"generate": "stop_tokens", "prepare": "stop_tokens"},
 }
 
@@ -118,14 +118,15 @@ def _one_chat_format(sections: dict[str, dict[str, Any]], chat: Any, path: str |
 
 
 def _chat_value(section: dict[str, Any], field: str) -> Any:
-    """A section's value of a :data:`CHAT_FIELDS` field (think tokens as a list), or None."""
-    if "," in field:  # generate's think_open / think_close: both or neither
-        names = field.split(",")
-        given = [n for n in names if n in section]
+    """A section's value of a :data:`CHAT_FIELDS` field (think tokens as a list), or None.
+    generate's ``think_open``/``think_close`` of older settings files count as its
+    ``think_tokens`` (both or neither)."""
+    if field == "think_tokens" and {"think_open", "think_close"} & set(section):
+        given = [n for n in ("think_open", "think_close") if n in section]
         if len(given) == 1:
-            raise ConfigError(f"[generate]: `{given[0]}` without its pair; set both, or "
+            raise ConfigError(f"[generate]: `{given[0]}` without its pair; set "
                               f"`chat: {{think_tokens: [OPENER, CLOSER]}}`")
-        return [section[n] for n in names] if given else None
+        section["think_tokens"] = [section.pop("think_open"), section.pop("think_close")]
     value = section.get(field)
     if field == "think_tokens" and isinstance(value, str):
         return [t.strip() for t in value.split(",")]
@@ -133,11 +134,7 @@ def _chat_value(section: dict[str, Any], field: str) -> Any:
 
 
 def _set_chat_value(section: dict[str, Any], field: str, value: Any) -> None:
-    if "," in field:
-        for name, token in zip(field.split(","), value):
-            section[name] = token
-    else:
-        section[field] = value
+    section[field] = value
 
 
 def _eval_the_export(sections: dict[str, dict[str, Any]], run_dir: str) -> None:
