@@ -35,8 +35,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from specdraft.core.chat import ChatFormat
-from specdraft.core.errors import ConfigError, InputError
-from specdraft.core.jsonl import read_json
+from specdraft.core.errors import ConfigError
+from specdraft.core.jsonl import read_model
 
 CONTRACT_FILE = "verifier.json"
 
@@ -86,14 +86,7 @@ def load(run_dir: str | os.PathLike | None) -> VerifierContract | None:
     Raises :class:`InputError` naming the file when it exists but cannot be read."""
     if run_dir is None or not contract_path(run_dir).exists():
         return None
-    path = contract_path(run_dir)
-    try:
-        return VerifierContract.model_validate(read_json(path, what="verifier contract"))
-    except InputError:
-        raise
-    except ValueError as err:
-        raise InputError(f"{path}: not a readable verifier contract "
-                         f"({' '.join(str(err).split())[:300]})") from None
+    return read_model(contract_path(run_dir), VerifierContract, what="verifier contract")
 
 
 def describe(stage: str, *, verifier: str, tokenizer: Any, tokenizer_path: str | None = None,

@@ -17,7 +17,6 @@ do for chat requests (the template writes BOS itself when the model wants one).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from specdraft.core.errors import ConfigError, InputError
-from specdraft.core.jsonl import read_json
+from specdraft.core.errors import ConfigError
+from specdraft.core.jsonl import read_model
 
 #: Think markers of Qwen3, DeepSeek-R1 and Kimi-K2.5 (their tokenizer_config.json templates).
 DEFAULT_THINK = ("<think>", "</think>")
@@ -358,13 +357,7 @@ class ChatFormat(BaseModel):
     @classmethod
     def load(cls, path: str | Path) -> "ChatFormat":
         """Read a ``chat_format.json``; :class:`InputError` naming the file when unreadable."""
-        try:
-            return cls.model_validate(read_json(path, what="chat format"))
-        except InputError:
-            raise
-        except ValueError as err:
-            raise InputError(f"{path}: not a readable chat format "
-                             f"({' '.join(str(err).split())[:300]})") from None
+        return read_model(path, cls, what="chat format")
 
     def summary(self) -> dict[str, Any]:
         """The manifest's view: everything but the template text."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -172,6 +171,19 @@ def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> Any:
                          f"{err.colno})") from None
     except ValueError as err:
         raise InputError(f"{path}: {what} is not valid JSON ({_short(err)})") from None
+
+
+def read_model(path: str | os.PathLike, model: Any, *, what: str) -> Any:
+    """``path``'s JSON validated into the pydantic class ``model``.
+
+    Raises :class:`InputError` naming the file: unreadable or invalid JSON (:func:`read_json`),
+    or ``not a readable {what}`` with the first validation errors."""
+    data = read_json(path, what=what)
+    try:
+        return model.model_validate(data)
+    except ValueError as err:
+        raise InputError(f"{path}: not a readable {what} "
+                         f"({' '.join(str(err).split())[:300]})") from None
 
 
 def _short(err: ValueError) -> str:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from specdraft.core.errors import ConfigError, SpecdraftError
+from specdraft.core.errors import SpecdraftError
 from specdraft.core.verifier import engine_hf_dir, resolve_dtype
 from specdraft.engines.counters import vllm_figures
 from specdraft.engines.process import EngineError, stop

@@ -19,7 +19,6 @@ from specdraft.core.chat import (DEFAULT_THINK, ChatFormat, Renderer,
                                  template_special_ids)
 from specdraft.core.context import StageContext, single_process
 from specdraft.core.errors import ConfigError, InputError
-from specdraft.core.jsonl import read_json
 from specdraft.core.manifest import StageClock, input_hash, path_sha256, write_manifest
 from specdraft.core.rejects import Rejects
 from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
