@@ -165,3 +165,25 @@ def test_a_rerun_of_the_writing_stage_rewrites_it_and_the_file_is_checked(
 
     with pytest.raises(InputError, match=r"verifier\.json: not a readable verifier contract"):
         prepare(PrepareConfig(run_dir=str(run_dir), verifier=str(tiny_verifier_dir)))
+
+
+def test_online_training_refuses_another_verifier_before_loading_it(
+        tmp_path, prompts, tiny_verifier_dir, monkeypatch):
+    """``train --online`` runs the verifier itself (no extract): it is checked against the run's
+    contract the same way, before the model is loaded."""
+    import specdraft.core.verifier as verifier_mod
+    from specdraft.train.config import TrainConfig
+    from specdraft.train.run import run as train
+    from specdraft.vocab.config import VocabConfig
+    from specdraft.vocab.run import run as vocab
+
+    run_dir = tmp_path / "run"
+    _generate(run_dir, prompts, tiny_verifier_dir)
+    prepare(PrepareConfig(run_dir=str(run_dir), verifier=str(tiny_verifier_dir)))
+    vocab(VocabConfig(run_dir=str(run_dir), draft_vocab_size=64))
+    other = _reseeded_copy(tiny_verifier_dir, tmp_path / "other")
+    monkeypatch.setattr(verifier_mod, "load_verifier", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("the verifier was loaded before the contract was checked")))
+    with pytest.raises(ConfigError, match=r"train was given: another model \(weights"):
+        train(TrainConfig(run_dir=str(run_dir), online=True, verifier=str(other), max_steps=1,
+                          device="cpu"))

@@ -122,6 +122,26 @@ def describe(stage: str, *, verifier: str, tokenizer: Any, tokenizer_path: str |
         profile=profile, profile_error=None if profile else error, chat=chat)
 
 
+def bind_model_stage(run_dir: str | os.PathLike, stage: str, verifier: str, *,
+                     trust_remote_code: bool = False, in_memory: bool = False) -> None:
+    """Check the verifier a model-loading stage (extract, online train) was given against the
+    run's contract (:func:`bind`) before it loads the model: another model, tokenizer or
+    vocabulary than the one the run generated and prepared with raises :class:`ConfigError`
+    naming each difference. Skipped (said on stderr) only for a model handed over in memory
+    (``in_memory``) whose ``verifier`` names no loadable tokenizer."""
+    from specdraft.core.verifier import load_tokenizer
+
+    try:
+        tok = load_tokenizer(verifier, trust_remote_code=trust_remote_code)
+    except (ConfigError, OSError) as err:
+        if not in_memory:
+            raise
+        print(f"{stage}: verifier not bound to the run ({err})", file=sys.stderr)
+        return
+    bind(run_dir, describe(stage, verifier=verifier, tokenizer=tok,
+                           trust_remote_code=trust_remote_code))
+
+
 def bind(run_dir: str | os.PathLike | None, given: VerifierContract, *,
          chat_explicit: bool = False) -> VerifierContract:
     """Bind ``given`` (:func:`describe` of this stage) to the run and return the contract the

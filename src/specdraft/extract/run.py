@@ -33,6 +33,7 @@ from specdraft.artifacts.hidden_states import HEAD_FILE, INDEX_FILE, DiskSource,
 from specdraft.core.storage import CODECS, Codec, row_bytes
 from specdraft.extract.writer import RankWriter, part_path, recover
 from specdraft.artifacts.layout import RunLayout
+from specdraft.artifacts.verifier_contract import bind_model_stage
 from specdraft.core.context import StageContext, stage_context
 
 STAGE = "extract"
@@ -390,7 +391,9 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
         _on_rank0(lambda: verifier_hf_dir(config), rank, world)
         _barrier(world)
     # the config checks above are cheaper still; the model is loaded only for the run's verifier
-    _on_rank0(lambda: bind_verifier(config, in_memory=verifier is not None), rank, world)
+    _on_rank0(lambda: bind_model_stage(config.run_dir, STAGE, config.verifier,
+                                       trust_remote_code=config.trust_remote_code,
+                                       in_memory=verifier is not None), rank, world)
     model = _load_model(config, verifier, out, str(stage.device))
     ctx = {**_context(config, model, ds, rank, world), "resume_changes": changes or {}}
     in_memory = verifier is not None
@@ -447,27 +450,6 @@ def verifier_profile(config: ExtractConfig, model: Any) -> VerifierProfile:
                                               trust_remote_code=config.trust_remote_code),
                                backend=config.backend)
     return resolve_profile(model.config, model=model, backend=config.backend)
-
-
-def bind_verifier(config: ExtractConfig, *, in_memory: bool) -> None:
-    """Check ``--verifier`` against the run's contract (``RUN/verifier.json``,
-    :func:`specdraft.artifacts.verifier_contract.bind`) before the model is loaded: another
-    model, tokenizer or vocabulary than the one the run generated and prepared with raises
-    :class:`ConfigError` naming each difference. Skipped (said on stderr) only for a model
-    handed over in memory whose ``--verifier`` names no files."""
-    from specdraft.artifacts import verifier_contract
-    from specdraft.core.verifier import load_tokenizer
-
-    try:
-        tok = load_tokenizer(config.verifier, trust_remote_code=config.trust_remote_code)
-    except (ConfigError, OSError) as err:
-        if not in_memory:
-            raise
-        print(f"extract: verifier not bound to the run ({err})", file=sys.stderr)
-        return
-    verifier_contract.bind(config.run_dir, verifier_contract.describe(
-        STAGE, verifier=config.verifier, tokenizer=tok,
-        trust_remote_code=config.trust_remote_code))
 
 
 def verifier_identity(config: ExtractConfig, *, in_memory: bool) -> dict[str, Any] | None:

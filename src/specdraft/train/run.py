@@ -84,6 +84,10 @@ def open_source(cfg: TrainConfig, verifier: Any, env: StageContext) -> tuple[Any
     from specdraft.core.capture import check_aux_ids, default_aux_ids, num_layers
 
     require_stage(cfg.run_dir, "prepare")
+    if env.is_main and cfg.verifier:  # the run's verifier, checked before it is loaded
+        from specdraft.artifacts.verifier_contract import bind_model_stage
+
+        bind_model_stage(cfg.run_dir, "train", cfg.verifier, in_memory=verifier is not None)
     if verifier is None:
         verifier = load_verifier(cfg.verifier, dtype=cfg.dtype, device=str(env.device))
     n = num_layers(verifier)
