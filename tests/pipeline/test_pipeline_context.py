@@ -29,7 +29,7 @@ def recorder(monkeypatch):
         return SimpleNamespace(spec=self), f"tokenizer of {self.path}"
 
     def load_entry(spec):
-        def entry(cfg, verifier=None):
+        def entry(cfg, ctx=None, *, verifier=None):  # the stage entry contract: run(config, ctx)
             calls.append((spec.name, verifier))
             out = Path(cfg.run_dir) / spec.name
             out.mkdir(parents=True, exist_ok=True)
