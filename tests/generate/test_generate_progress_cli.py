@@ -65,6 +65,22 @@ def _app():
     return app
 
 
+def test_a_batch_that_finishes_together_is_printed_once_after_its_last_sample():
+    """The local backend finishes 16 samples at once: the line counts all of them (before:
+    "1/240 ... ETA 15.0h" printed at the batch's first sample, the other 15 already done)."""
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress(64, interval_s=30, stream=out, clock=lambda: now[0])
+    now[0] = 200.0
+    for _ in range(16):
+        p.update(reject=None, completion_tokens=100, reasoning=False, emit=False)
+    assert out.getvalue() == ""
+    p.tick()
+    # 16 done in 200 s: 0.08 req/s, 48 left: 600 s = 0.2 h
+    assert out.getvalue() == ("Progress: 16/64 (0 errors), 0.1 req/s, avg completion: 100 "
+                              "tokens, elapsed: 200s, ETA: 0.2h\n")
+
+
 def test_cli_generate_with_config_file_and_refusal(tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question": "q1"}) + "\n" + json.dumps({"question": "q2"}))

@@ -57,8 +57,13 @@ class Progress:
             self._bar = tqdm(total=total, file=self.stream, unit="sample", dynamic_ncols=True)
 
     def update(self, *, reject: str | None, completion_tokens: int, reasoning: bool,
-               sequence_tokens: int = 0, token_ids: set[int] | None = None) -> None:
+               sequence_tokens: int = 0, token_ids: set[int] | None = None,
+               emit: bool = True) -> None:
         """One sample finished (``reject`` = its reason, or None when generated).
+
+        ``emit=False``: count it without printing (a batch that finishes together is printed
+        once, after its last sample: :meth:`tick`; else the line would read "1/240" with the
+        rest of the batch already done, and an ETA from that one sample).
 
         ``completion_tokens``: all its turns' completions (counted for every finished sample:
         the work done); ``sequence_tokens``: its whole conversation (last prompt + completion);
@@ -78,7 +83,8 @@ class Progress:
             self.errors += int(reject == "error")
         if self._bar is not None:
             self._bar.update(1)
-        self.tick()
+        if emit:
+            self.tick()
 
     def tick(self) -> None:
         """Print the progress line if the cadence is due."""

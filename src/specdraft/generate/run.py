@@ -112,8 +112,9 @@ class Sink:
         self.written = 0
         self._last = time.monotonic()
 
-    def put(self, state: SampleState) -> None:
-        """A finished sample: buffered as a record, or added to the rejects."""
+    def put(self, state: SampleState, *, emit: bool = True) -> None:
+        """A finished sample: buffered as a record, or added to the rejects (``emit``: whether
+        its progress update may print the line, :meth:`Progress.update`)."""
         reason = state.reject[0] if state.reject else None
         if reason is None:
             self.buffer.append(state.record(self.meta))
@@ -123,7 +124,7 @@ class Sink:
         self.progress.update(reject=reason, completion_tokens=state.completion_tokens(),
                              reasoning=state.has_reasoning(),
                              sequence_tokens=state.sequence_tokens(),
-                             token_ids=state.token_ids())
+                             token_ids=state.token_ids(), emit=emit)
         self.maybe_flush()
 
     def maybe_flush(self) -> None:
@@ -357,5 +358,6 @@ def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
             for s, o in zip(active, outs):
                 s.add(o, checks)
         for s in states:
-            sink.put(s)
+            sink.put(s, emit=False)
+        sink.progress.tick()  # one line per finished batch, counting all of it
     return {"model": backend.name, "endpoints": [backend.endpoint]}
