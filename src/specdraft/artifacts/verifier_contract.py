@@ -66,13 +66,6 @@ class VerifierContract(BaseModel):
     chat: ChatFormat | None = None
     filled_by: dict[str, str] = {}
 
-    def summary(self) -> dict[str, Any]:
-        """The manifests' view: no template text, no config dump."""
-        return {"path": self.loading.verifier, "written_by": self.written_by,
-                "vocab_size": self.vocab_size, "tokenizer_sha256": self.tokenizer_sha256,
-                "chat_template_sha256": self.chat.template_sha256 if self.chat else None,
-                "model_type": (self.profile or {}).get("model_type")}
-
 
 def contract_path(run_dir: str | os.PathLike) -> Path:
     from specdraft.artifacts.layout import RunLayout
@@ -98,27 +91,27 @@ def describe(stage: str, *, verifier: str, tokenizer: Any, tokenizer_path: str |
     files cannot be read here (``prepare --tokenizer DIR`` with a verifier path that exists only
     on the serving machine); the profile records its error instead of raising, so a stage that
     does not need it (prepare) still runs on a family specdraft cannot train for yet."""
-    from specdraft.core.profile import lm_head_rows, load_hf_config, resolve_profile
+    from specdraft.core.profile import load_hf_config, resolve_profile, text_config
     from specdraft.core.verifier_identity import identify, tokenizer_hashes
 
-    identity = profile = error = None
+    identity = profile = error = rows = None
     try:
         identity = identify(verifier, tokenizer=None if tokenizer_path else tokenizer,
                             trust_remote_code=trust_remote_code)
     except (ConfigError, OSError, ValueError):
         pass
-    try:
-        profile = resolve_profile(load_hf_config(verifier, trust_remote_code=trust_remote_code))
-        profile = profile.to_dict()
+    try:  # the config is read once: the LM head's rows, then the profile
+        hf = load_hf_config(verifier, trust_remote_code=trust_remote_code)
+        rows = getattr(text_config(hf), "vocab_size", None)
+        profile = resolve_profile(hf).to_dict()
     except (ConfigError, OSError, ValueError) as err:
         error = f"{type(err).__name__}: {err}"
-    rows = lm_head_rows(verifier, trust_remote_code=trust_remote_code)
     return VerifierContract(
         written_by=stage, identity=identity,
         loading=Loading(verifier=str(verifier), tokenizer=tokenizer_path,
                         trust_remote_code=trust_remote_code),
         tokenizer_sha256=tokenizer_hashes(tokenizer)["tokenizer_sha256"],
-        vocab_size=rows if rows is not None else len(tokenizer), tokenizer_size=len(tokenizer),
+        vocab_size=int(rows) if rows else len(tokenizer), tokenizer_size=len(tokenizer),
         profile=profile, profile_error=None if profile else error, chat=chat)
 
 

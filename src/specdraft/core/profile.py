@@ -257,18 +257,6 @@ def config_json(hf_dir: str | os.PathLike) -> dict[str, Any] | None:
     return {**config, **(config.get("text_config") or {})}
 
 
-def lm_head_rows(verifier: str | os.PathLike, *, trust_remote_code: bool = False) -> int | None:
-    """Rows of the verifier's LM head as its config states them (``vocab_size``, of
-    ``text_config`` for VL models); None when the config cannot be read or has none (a tokenizer
-    directory without a model). Reads the config only."""
-    try:
-        c = text_config(load_hf_config(verifier, trust_remote_code=trust_remote_code))
-    except (ConfigError, OSError, ValueError):
-        return None
-    size = getattr(c, "vocab_size", None)
-    return int(size) if size else None
-
-
 # ---------------------------------------------------------------- resolution
 
 

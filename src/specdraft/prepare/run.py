@@ -74,8 +74,7 @@ def bind_verifier(config: PrepareConfig, tokenizer: Any) -> VerifierContract:
                                        tokenizer_path=config.tokenizer,
                                        trust_remote_code=config.trust_remote_code, chat=fmt)
     explicit = bool(set(CHAT_SETTINGS) & config.model_fields_set)
-    contract = verifier_contract.bind(config.run_dir, given, chat_explicit=explicit)
-    return contract if contract.chat is not None else contract.model_copy(update={"chat": fmt})
+    return verifier_contract.bind(config.run_dir, given, chat_explicit=explicit)
 
 
 def input_files(config: PrepareConfig) -> tuple[Path, dict[str, str]]:
