@@ -61,6 +61,63 @@ def test_fused_ttt_attention_equals_dense_values_and_gradients(T, steps):
         torch.testing.assert_close(gb, ga, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("pad", [1, 8])
+def test_lse_gradient_with_padded_columns_equals_dense(pad):
+    """The CUDA kernel's widening appends 8 columns (alignment), the CPU one 1: the same trick
+    (first column -1 / dlse, the rest zero) run through the CPU kernel with either width equals
+    the dense reference in float64, values and gradients."""
+    from specdraft.models.eagle3 import LSE_KERNELS, LSEKernel, _merge_lse
+
+    cpu = LSE_KERNELS["cpu"]
+    kernel = LSEKernel(cpu.forward, cpu.backward, pad=pad)
+    torch.manual_seed(pad)
+    xs = [torch.randn(1, 2, 33, 16, dtype=torch.float64, requires_grad=True) for _ in range(5)]
+    q, keys, values = xs[0], xs[1:3], xs[3:5]
+    a = ttt_attention_dense(q, keys, values, 0.25)
+    b = _merge_lse(q, keys, values, 0.25, kernel)
+    g = torch.randn_like(a)
+    for ga, gb in zip(torch.autograd.grad((a * g).sum(), xs), torch.autograd.grad((b * g).sum(), xs)):
+        torch.testing.assert_close(gb, ga, atol=1e-12, rtol=1e-12)
+
+
+def test_cuda_kernel_calls_match_the_ops_schemas_on_meta():
+    """The CUDA kernel's forward and backward calls, run on the ``meta`` device (no GPU here):
+    argument order and types accepted by the ops, the log-sum-exp cut from its padded
+    [B, h, ceil(T/32)*32] to [B, h, T], the gradients shaped like q, k, v."""
+    from specdraft.models.eagle3 import LSE_KERNELS, _merge_lse
+
+    xs = [torch.empty(2, 4, 100, 64, device="meta", requires_grad=True) for _ in range(5)]
+    out, lse, saved = LSE_KERNELS["cuda"].forward(xs[0], xs[1], xs[2], 0.125)
+    assert lse.shape == (2, 4, 100) and saved[0].shape == (2, 4, 128)
+    out = _merge_lse(xs[0], xs[1:3], xs[3:5], 0.125, LSE_KERNELS["cuda"])
+    grads = torch.autograd.grad(out.sum(), xs)
+    assert [tuple(g.shape) for g in grads] == [(2, 4, 100, 64)] * 5
+
+
+def test_fused_kernel_check_catches_a_wrong_kernel():
+    """``check_fused_kernel`` (run once per CUDA device before ``fused`` uses its kernel): the
+    CPU kernel passes; planted faults — a log-sum-exp off by 0.01, a backward that ignores the
+    widening's -1 column — are named; a device with no kernel falls back to split, warned."""
+    from specdraft.models.eagle3 import LSE_KERNELS, LSEKernel, check_fused_kernel, fused_kernel
+
+    cpu, dev = LSE_KERNELS["cpu"], torch.device("cpu")
+    assert check_fused_kernel(cpu, dev) is None
+
+    def shifted_forward(q, k, v, scale):
+        out, lse, saved = cpu.forward(q, k, v, scale)
+        return out, lse + 0.01, saved
+
+    def lse_blind_backward(d_out, q, k, v, out, saved, scale):
+        return cpu.backward(d_out, q, k, v, out.clone().index_fill_(-1, torch.tensor(
+            [out.shape[-1] - 1]), 0.0), saved, scale)
+
+    assert check_fused_kernel(LSEKernel(shifted_forward, cpu.backward, 1), dev).startswith("out ")
+    reason = check_fused_kernel(LSEKernel(cpu.forward, lse_blind_backward, 1), dev)
+    assert reason is not None and reason.startswith("d"), reason
+    with pytest.warns(UserWarning, match="no kernel on meta"):
+        assert fused_kernel(torch.device("meta")) is None
+
+
 def test_dense_attention_row_by_hand():
     """T=2, steps 0 and 1: query 0 sees {k0[0], k1[0]}, query 1 sees {k0[0], k0[1], k1[1]}."""
     q = torch.tensor([[1.0], [2.0]]).view(1, 1, 2, 1)

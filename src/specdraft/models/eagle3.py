@@ -41,6 +41,8 @@ Model files never import ``torch.distributed``; parallelism is applied from outs
 
 from __future__ import annotations
 
+import functools
+import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
@@ -336,63 +338,158 @@ def ttt_attention_split(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     return out
 
 
-class _CausalAttentionWithLSE(torch.autograd.Function):
-    """Causal attention and its log-sum-exp, both differentiable, through PyTorch's fused CPU
-    kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``, which returns the
-    log-sum-exp but treats it as non-differentiable).
+@dataclass(frozen=True)
+class LSEKernel:
+    """A fused causal attention kernel that returns its log-sum-exp, and its backward.
 
-    Forward: q, k, v [B, h, T, d] -> out [B, h, T, d], lse [B, h, T] (natural log of the sum of
-    ``exp(scale * q.k)`` over keys ``s <= t``). Backward: the kernel's own backward computes
-    ``dS = P * (dO V^T - D)`` with ``D = rowsum(dO * out)`` taken from the ``out`` it is given;
-    the log-sum-exp's gradient adds ``P * dlse`` to ``dS``. Both are obtained in one call by
-    appending one column: zeros to q, k and v (scores and P unchanged), ``-1`` to ``out`` and
-    ``dlse`` to ``dO``, so that ``D`` becomes ``D - dlse`` and ``dO V^T`` is unchanged.
+    ``forward(q, k, v, scale) -> (out [B, h, T, d], lse [B, h, T], saved)``: ``lse`` the natural
+    log of the sum of ``exp(scale * q.k)`` over keys ``s <= t``; ``saved`` what the backward
+    needs besides q, k, v and out. ``backward(d_out, q, k, v, out, saved, scale) -> (dq, dk, dv)``
+    the kernel's own backward (it treats the log-sum-exp as a constant). ``pad``: columns
+    appended to the head dimension for the log-sum-exp's gradient
+    (:class:`_CausalAttentionWithLSE`), 8 where the kernel wants the head dimension aligned.
+    """
+
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor, tuple]]
+    backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    pad: int
+
+
+def _cpu_forward(q, k, v, scale):
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, True, scale=scale)
+    return out, lse, (lse,)
+
+
+def _cpu_backward(d_out, q, k, v, out, saved, scale):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        d_out, q, k, v, out, saved[0], 0.0, True, scale=scale)
+
+
+def _cuda_forward(q, k, v, scale):
+    # The memory-efficient kernel: float32, float16 and bfloat16 (flash: no float32). Its
+    # log-sum-exp comes padded to a multiple of 32 query rows: [B, h, ceil(T/32)*32].
+    out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, True, scale=scale)
+    return out, lse[..., :q.shape[2]], (lse, seed, offset)
+
+
+def _cuda_backward(d_out, q, k, v, out, saved, scale):
+    lse, seed, offset = saved
+    dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        d_out, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], True,
+        scale=scale)
+    return dq, dk, dv
+
+
+#: The fused causal kernels that return their log-sum-exp, per device type: PyTorch's CPU flash
+#: kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``) and its CUDA memory-efficient
+#: kernel (``aten::_scaled_dot_product_efficient_attention``, which ``F.scaled_dot_product_attention``
+#: picks for float32). Both return the log-sum-exp as a non-differentiable output.
+LSE_KERNELS: dict[str, LSEKernel] = {
+    "cpu": LSEKernel(_cpu_forward, _cpu_backward, pad=1),
+    "cuda": LSEKernel(_cuda_forward, _cuda_backward, pad=8),
+}
+
+
+def _widen(x: torch.Tensor, col: torch.Tensor | float, pad: int) -> torch.Tensor:
+    """x [..., d] -> [..., d + pad]: the first new column ``col`` ([..., 1] or a constant), the
+    others zero."""
+    col = torch.as_tensor(col, dtype=x.dtype, device=x.device).expand(*x.shape[:-1], 1)
+    return torch.cat([x, col, x.new_zeros(*x.shape[:-1], pad - 1)], dim=-1)
+
+
+class _CausalAttentionWithLSE(torch.autograd.Function):
+    """Causal attention and its log-sum-exp, both differentiable, through a fused kernel of
+    :data:`LSE_KERNELS` (which treats the log-sum-exp as non-differentiable).
+
+    Forward: q, k, v [B, h, T, d] -> out [B, h, T, d], lse [B, h, T]. Backward: the kernel's
+    own backward computes ``dS = P * (dO V^T - D)`` with ``D = rowsum(dO * out)`` taken from the
+    ``out`` it is given; the log-sum-exp's gradient adds ``P * dlse`` to ``dS``. Both are
+    obtained in one call by appending columns (:func:`_widen`): zeros to q, k and v (scores and
+    P unchanged), ``-1`` to ``out`` and ``dlse`` to ``dO`` in the first, so that ``D`` becomes
+    ``D - dlse`` and ``dO V^T`` is unchanged; the rest zero (alignment).
     """
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, True, scale=scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale = scale
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                kernel: LSEKernel) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse, saved = kernel.forward(q, k, v, scale)
+        ctx.save_for_backward(q, k, v, out, *saved)
+        ctx.scale, ctx.kernel = scale, kernel
         ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx: Any, d_out: torch.Tensor | None, d_lse: torch.Tensor | None):
-        q, k, v, out, lse = ctx.saved_tensors
-        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        q, k, v, out, *saved = ctx.saved_tensors
+        kernel, scale = ctx.kernel, ctx.scale
         if d_out is None:
             d_out = torch.zeros_like(out)
         if d_lse is None:
-            dq, dk, dv = backward(d_out.contiguous(), q, k, v, out, lse, 0.0, True,
-                                  scale=ctx.scale)
-            return dq, dk, dv, None
-
-        def widen(x: torch.Tensor, col: torch.Tensor | float) -> torch.Tensor:
-            """x [..., d] -> [..., d+1], the last column ``col`` ([..., 1] or a constant)."""
-            col = torch.as_tensor(col, dtype=x.dtype).expand(*x.shape[:-1], 1)
-            return torch.cat([x, col], dim=-1)
-
-        dq, dk, dv = backward(widen(d_out, d_lse.unsqueeze(-1)), widen(q, 0.0), widen(k, 0.0),
-                              widen(v, 0.0), widen(out, -1.0), lse, 0.0, True, scale=ctx.scale)
-        return dq[..., :-1], dk[..., :-1], dv[..., :-1], None
+            dq, dk, dv = kernel.backward(d_out.contiguous(), q, k, v, out, saved, scale)
+            return dq, dk, dv, None, None
+        p, d = kernel.pad, q.shape[-1]
+        dq, dk, dv = kernel.backward(_widen(d_out, d_lse.unsqueeze(-1), p), _widen(q, 0.0, p),
+                                     _widen(k, 0.0, p), _widen(v, 0.0, p), _widen(out, -1.0, p),
+                                     saved, scale)
+        return dq[..., :d], dk[..., :d], dv[..., :d], None, None
 
 
-def ttt_attention_fused(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                        scale: float) -> torch.Tensor:
-    """The same attention as :func:`ttt_attention_dense` in O(k·T) memory, with the fused
-    causal kernel for the step-0 block (it skips the masked half and never materialises the
-    ``[T, T]`` scores): ``out = (e^{lse0}·out0 + Σ_j e^{s_j}·v_j) / (e^{lse0} + Σ_j e^{s_j})``
-    with ``s_j`` each query's score against its own key of step ``j >= 1``.
+@functools.cache
+def fused_kernel(device: torch.device) -> LSEKernel | None:
+    """The kernel ``fused`` runs on ``device``, or None (it then runs ``split``; a warning says
+    so once). On CUDA the kernel is first checked once against :func:`ttt_attention_split` on a
+    small float32 problem (:func:`check_fused_kernel`); if it raises or disagrees, ``fused``
+    runs ``split`` there, with a warning naming why: a kernel whose contract changed in another
+    PyTorch costs memory, never a wrong gradient."""
+    kernel = LSE_KERNELS.get(device.type)
+    if kernel is None:
+        warnings.warn(f"TTT attention 'fused' has no kernel on {device.type}: it runs 'split' "
+                      "(O(T^2) memory per row)", stacklevel=3)
+        return None
+    if device.type == "cpu":
+        return kernel
+    reason = check_fused_kernel(kernel, device)
+    if reason:
+        warnings.warn(f"TTT attention 'fused' runs 'split' on {device}: {reason}", stacklevel=3)
+        return None
+    return kernel
 
-    q [B, h, T, d]; keys/values: one [B, h, T, d] per step 0..k. Returns [B, h, T, d]. The fused
-    kernel is PyTorch's CPU one; on any other device this runs :func:`ttt_attention_split`.
-    """
-    if q.device.type != "cpu":
-        return ttt_attention_split(q, keys, values, scale)
-    out0, lse0 = _CausalAttentionWithLSE.apply(q, keys[0], values[0], scale)
+
+def check_fused_kernel(kernel: LSEKernel, device: torch.device, dtype=torch.float32,
+                       tol: float = 1e-4) -> str | None:
+    """None when ``kernel`` gives :func:`ttt_attention_split`'s output and q/k/v gradients
+    through the log-sum-exp merge (2 TTT steps, B 1, 4 heads, T 37, head dim 64, relative error
+    <= ``tol``), else why not."""
+    g = torch.Generator().manual_seed(0)
+    shape = (1, 4, 37, 64)
+    leaves = [torch.randn(shape, generator=g, dtype=dtype).to(device).requires_grad_()
+              for _ in range(5)]
+    probe = torch.randn(shape, generator=g, dtype=dtype).to(device)
+    results = []
+    try:
+        for run in ("fused", "split"):
+            q, k0, v0, k1, v1 = leaves
+            if run == "split":
+                out = ttt_attention_split(q, [k0, k1], [v0, v1], 0.125)
+            else:
+                out = _merge_lse(q, [k0, k1], [v0, v1], 0.125, kernel)
+            grads = torch.autograd.grad((out * probe).sum(), leaves)
+            results.append([out.detach(), *grads])
+    except Exception as e:  # noqa: BLE001 (any failure of the kernel means: do not use it)
+        return f"the kernel raised {type(e).__name__}: {e}"
+    for name, a, b in zip(("out", "dq", "dk0", "dv0", "dk1", "dv1"), *results):
+        err = ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+        if not err <= tol:
+            return f"{name} differs from 'split' by {err:.2e} (relative)"
+    return None
+
+
+def _merge_lse(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+               scale: float, kernel: LSEKernel) -> torch.Tensor:
+    """:func:`ttt_attention_fused` with a given kernel (shapes as there)."""
+    out0, lse0 = _CausalAttentionWithLSE.apply(q, keys[0], values[0], scale, kernel)
     if len(keys) == 1:
         return out0
     diag = [(q * kj).sum(-1) * scale for kj in keys[1:]]  # k x [B, h, T]
@@ -401,6 +498,23 @@ def ttt_attention_fused(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     for s, vj in zip(diag, values[1:]):
         out = out + torch.exp(s - lse).unsqueeze(-1) * vj
     return out
+
+
+def ttt_attention_fused(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                        scale: float) -> torch.Tensor:
+    """The same attention as :func:`ttt_attention_dense` in O(k·T) memory, with a fused causal
+    kernel for the step-0 block (it skips the masked half and never materialises the ``[T, T]``
+    scores): ``out = (e^{lse0}·out0 + Σ_j e^{s_j}·v_j) / (e^{lse0} + Σ_j e^{s_j})`` with ``s_j``
+    each query's score against its own key of step ``j >= 1``.
+
+    q [B, h, T, d]; keys/values: one [B, h, T, d] per step 0..k. Returns [B, h, T, d]. The
+    kernel is :func:`fused_kernel`'s for q's device (CPU, CUDA); elsewhere, or where the CUDA
+    kernel fails its check, this runs :func:`ttt_attention_split` (with a warning).
+    """
+    kernel = fused_kernel(q.device)
+    if kernel is None:
+        return ttt_attention_split(q, keys, values, scale)
+    return _merge_lse(q, keys, values, scale, kernel)
 
 
 TTT_ATTENTION: dict[str, Callable[..., torch.Tensor]] = {
