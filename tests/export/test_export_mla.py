@@ -139,3 +139,29 @@ def test_doctor_checks_the_mla_export(tmp_path, think_tokenizer_dir):
     assert "EOS" in next(iter(failed.values()))
     aux = next(ch for ch in report["checks"] if ch["name"].startswith("aux ids"))
     assert aux["detail"] == f"hidden_states {list(AUX)} for every engine"
+
+
+@pytest.mark.parametrize("field,value,named", [
+    ("kv_lora_rank", 256, "kv_lora_rank is 256, the verifier's 512"),
+    ("qk_rope_head_dim", 32, "qk_rope_head_dim is 32, the verifier's 64"),
+    ("rope_theta", 10000.0, "rope is"),
+])
+def test_mla_widths_or_rope_unlike_the_verifiers_are_refused(kimi, tmp_path, field, value, named):
+    """An MLA drafter shaped for another verifier (its latent or rope widths, or its rotary,
+    not the verifier's; its recorded profile dropped, as an edited or foreign drafter has):
+    refused naming the field and both values, before anything is written."""
+    root, drafter = kimi
+    changes = {field: value, "verifier_profile": None}
+    if field == "qk_rope_head_dim":
+        changes["head_dim"] = drafter.config.qk_nope_head_dim + value
+    other = Eagle3MLADraftModel(replace(drafter.config, **changes)).eval()
+    with torch.no_grad():
+        other.embed_tokens.weight.copy_(drafter.embed_tokens.weight)
+        other.d2t.copy_(drafter.d2t)
+        other.t2d.copy_(drafter.t2d)
+    save_drafter(other, tmp_path / "other")
+    with pytest.raises(ExportRefused, match=named) as err:
+        export(ExportConfig(drafter=tmp_path / "other", out=tmp_path / "out", format="vllm",
+                            verifier=str(root / "verifier"), aux_layers=AUX))
+    assert "retrain it (train --drafter-layer mla)" in str(err.value)
+    assert not (tmp_path / "out").exists()

@@ -181,6 +181,27 @@ def profile_problems(config: ExportRequest, profile: VerifierProfile | None,
     return problems
 
 
+def mla_problems(c: Eagle3Config, verifier: VerifierProfile | None) -> list[str]:
+    """An MLA drafter's latent and rope widths and rotary against the verifier's
+    (``--verifier``): :meth:`specdraft.models.eagle3_mla.Eagle3MLAConfig.from_profile` copies them
+    from the verifier, so a difference means a drafter shaped for another verifier or an edited
+    config; each field named with both values."""
+    if getattr(c, "draft_layer", None) != "mla" or verifier is None:
+        return []
+    m = verifier.mla
+    if m is None:
+        return [f"an MLA drafter, but the verifier ({verifier.model_type}) has no MLA "
+                f"(kv_lora_rank): serve an MLA drafter only on an MLA verifier; train "
+                f"--drafter-layer llama for this one"]
+    pairs = [(f, getattr(c, f), getattr(m, f)) for f in
+             ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")]
+    rope = verifier.rotary.rope_parameters()
+    pairs.append(("rope", c.rope_parameters(), rope))
+    return [f"the MLA drafter's {f} is {mine!r}, the verifier's {theirs!r}: it was shaped for "
+            f"another verifier; retrain it (train --drafter-layer mla) against this one"
+            for f, mine, theirs in pairs if mine != theirs]
+
+
 def identity_problems(config: ExportRequest, identity: dict[str, Any] | None,
                       facts: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
     """``(problems, binding)``: the drafter's recorded verifier identity
@@ -273,6 +294,7 @@ def validated_candidate(config: ExportRequest, src: DrafterOnDisk) -> Candidate:
     profile = drafter_profile(src.config, facts)
     problems = missing_facts(config, src.state, src.config, facts)
     problems += profile_problems(config, profile, facts)
+    problems += mla_problems(src.config, facts["verifier_profile"])
     identity = drafter_identity(src.path, src.config) or facts["extract_identity"]
     more, binding = identity_problems(config, identity, facts)
     problems += more
