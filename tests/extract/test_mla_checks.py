@@ -132,3 +132,33 @@ def test_uncapturable_kv_layout_named(tmp_path):
     assert msg.startswith("the verifier's KV-cache layout is one vLLM's hidden-state capture "
                           "cannot read") and "--backend transformers" in msg
     assert "Could not uniquely identify" in msg and str(log) in msg
+
+
+def test_quantized_checkpoint_transformers_cannot_load_is_named(tmp_path, kimi_verifier):
+    """Kimi-K2.5 ships INT4 ``compressed-tensors`` weights; transformers without that package
+    (specdraft's venv) cannot load them. extract --backend transformers says which field, why,
+    and the way out (the engine), with no shard, index or manifest written."""
+    import shutil
+
+    from specdraft.core.errors import InputError
+
+    pytest.importorskip("transformers")
+    if __import__("importlib").util.find_spec("compressed_tensors") is not None:
+        pytest.skip("compressed-tensors is installed: transformers would try to load it")
+    q = tmp_path / "quantized"
+    shutil.copytree(kimi_verifier, q)
+    config = json.loads((q / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "compressed-tensors",
+                                     "format": "pack-quantized"}
+    (q / "config.json").write_text(json.dumps(config))
+    ids, masks = random_rows([20], vocab=1000)
+    run_dir = write_prepared(tmp_path / "run", ids, masks)
+    with pytest.raises(InputError, match=r"config.json: quantization_config.quant_method "
+                       r"'compressed-tensors': transformers could not load .*\(extract "
+                       r"--backend vllm") as err:
+        run(ExtractConfig(run_dir=run_dir, verifier=str(q), backend="transformers",
+                          aux_layers=(1, 2, 3), dtype="float32", device="cpu"))
+    assert "compressed-tensors" in str(err.value.__cause__)
+    extract = run_dir / "extract"
+    assert not (extract / "manifest.json").exists() and not (extract / "shards").exists()
+    assert not list(extract.glob("*.safetensors")) and not (extract / "index.jsonl").exists()

@@ -257,6 +257,18 @@ def config_json(hf_dir: str | os.PathLike) -> dict[str, Any] | None:
     return {**config, **(config.get("text_config") or {})}
 
 
+def quant_method(hf_dir: str | os.PathLike) -> str | None:
+    """``quantization_config.quant_method`` of ``hf_dir/config.json`` (a VL model's
+    ``text_config`` merged, :func:`config_json`), ``"unknown"`` without the key, None when the
+    checkpoint is not quantized or has no readable config."""
+    try:
+        config = config_json(hf_dir)
+    except ValueError:
+        return None
+    q = (config or {}).get("quantization_config")
+    return str(q.get("quant_method", "unknown")) if isinstance(q, dict) else None
+
+
 # ---------------------------------------------------------------- resolution
 
 

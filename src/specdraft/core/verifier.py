@@ -124,11 +124,24 @@ def load_verifier(path: str | os.PathLike, *, dtype: str = "auto", device: str =
     import torch
     from transformers import AutoModelForCausalLM
 
+    from specdraft.core.profile import quant_method
+
     directory, gguf_file = resolve_trusted(path, trust_remote_code)
     dtype = resolve_dtype(dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(
-        directory, gguf_file=gguf_file, dtype=getattr(torch, dtype),
-        device_map=device_map, trust_remote_code=trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, gguf_file=gguf_file, dtype=getattr(torch, dtype),
+            device_map=device_map, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        method = None if gguf_file else quant_method(directory)
+        if method is None:
+            raise
+        raise InputError(
+            f"{Path(directory) / 'config.json'}: quantization_config.quant_method {method!r}: "
+            f"transformers could not load this quantized checkpoint ({type(e).__name__}: "
+            f"{str(e)[:200]}). Run the stage through the serving engine, which has the "
+            f"kernels (extract --backend vllm, eval --engine vllm), or give the unquantized "
+            f"checkpoint of the same model") from e
     if device_map is None:
         model = model.to(device)
     return model.eval()
