@@ -22,13 +22,25 @@ def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
         lines.append(f"  {name:<9} {manifest.elapsed_s:>7.1f}s  {manifest.figures()}")
     export = manifests.get("export")
     if isinstance(export, ExportManifest):
-        verifier = KNOWN_HF_IDS.get(config.verifier, config.verifier)
-        if verifier.endswith(".gguf"):
-            verifier = "<the verifier's HF id or directory>"
+        verifier = serve_verifier(config.run_dir, config.verifier)
         out = str(Path(export.out).resolve())
         lines += _serve_lines(config.stages.get("eval"), manifests.get("eval"), out, verifier,
                               export.format)
     return "\n".join(lines)
+
+
+def serve_verifier(run_dir: str | Path, verifier: str) -> str:
+    """The verifier an engine serves: ``RUN/verifier-hf`` when a stage wrote it (a GGUF converted
+    once to the HF directory the engine served in extract or eval, ``core.verifier.engine_hf_dir``:
+    local, nothing to download), else the HF id of a shipped GGUF (:data:`KNOWN_HF_IDS`), else
+    ``verifier`` as given (a GGUF elsewhere: a placeholder, engines serve HF checkpoints)."""
+    from specdraft.core.verifier import ENGINE_HF_DIR
+
+    converted = Path(run_dir) / ENGINE_HF_DIR
+    if (converted / "config.json").is_file():
+        return str(converted.resolve())
+    verifier = KNOWN_HF_IDS.get(verifier, verifier)
+    return "<the verifier's HF id or directory>" if verifier.endswith(".gguf") else verifier
 
 
 def _serve_lines(eval_config: Any, eval_manifest: Manifest | None, out: str,
