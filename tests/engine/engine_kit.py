@@ -134,3 +134,23 @@ def make_bigram_verifier(out: Path, tokenizer_dir: Path, *, support: int = 256,
     for f in Path(tokenizer_dir).iterdir():
         shutil.copy(f, out / f.name)
     return out
+
+
+def offline_greedy(verifier, export: Path, prompts: list[list[int]], k: int, max_new: int):
+    """``(summary, tokens)``: the offline loop (``specdraft.eval.run.decode``, greedy, batch 1)
+    on ``export`` read back as eval reads it: the acceptance summary over ``prompts`` and each
+    prompt's committed tokens."""
+    from types import SimpleNamespace
+
+    from specdraft.artifacts.drafter import build_model, read_drafter
+    from specdraft.eval.acceptance import AcceptanceStats
+    from specdraft.eval.run import decode
+
+    model = build_model(read_drafter(export))
+    cfg = SimpleNamespace(k=k, max_new_tokens=max_new, temperature=0.0, seed=0, batch_size=1,
+                          tree=False, draft_sample_method="greedy")
+    gens = decode(cfg, verifier, model, prompts, [])
+    stats = AcceptanceStats()
+    for g in gens:
+        stats.extend(g.stats)
+    return stats.summary(), [list(g.tokens) for g in gens]

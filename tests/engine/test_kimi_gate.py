@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from engine_kit import copy_export, shift_aux, shuffle_d2t  # noqa: E402
+from engine_kit import copy_export, offline_greedy, shift_aux, shuffle_d2t  # noqa: E402
 from kimi_fixture import kimi_config  # noqa: E402
 from memsource import MemorySource, greedy_corpus, write_vocab  # noqa: E402
 
@@ -90,21 +90,8 @@ def test_overfit_gate_fails_with_wrong_aux_ids(gate):
 
 
 def offline(verifier, export: Path, corpus) -> tuple[dict, list[list[int]]]:
-    """The offline loop on ``export`` read back as eval reads it, on the corpus' prompts."""
-    from types import SimpleNamespace
-
-    from specdraft.artifacts.drafter import build_model, read_drafter
-    from specdraft.eval.acceptance import AcceptanceStats
-    from specdraft.eval.run import decode
-
-    model = build_model(read_drafter(export))
-    cfg = SimpleNamespace(k=K, max_new_tokens=NEW, temperature=0.0, seed=0, batch_size=1,
-                          tree=False, draft_sample_method="greedy")
-    gens = decode(cfg, verifier, model, [ids[:PROMPT] for _, ids, _ in corpus], [])
-    stats = AcceptanceStats()
-    for g in gens:
-        stats.extend(g.stats)
-    return stats.summary(), [list(g.tokens) for g in gens]
+    """The offline loop on ``export`` on the corpus' prompts (:func:`engine_kit.offline_greedy`)."""
+    return offline_greedy(verifier, export, [ids[:PROMPT] for _, ids, _ in corpus], K, NEW)
 
 
 def test_llama_layer_drafter_on_the_mla_family_offline(gate, tmp_path):

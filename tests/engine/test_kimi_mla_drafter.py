@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from engine_kit import offline_greedy  # noqa: E402
 from kimi_fixture import kimi_config  # noqa: E402
 from memsource import MemorySource, greedy_corpus, write_vocab  # noqa: E402
 
@@ -123,25 +124,13 @@ def test_offline_counts_equal_the_engine_on_the_export(served):
     """The exported directory read back (:func:`specdraft.artifacts.drafter.read_drafter`, the
     reader eval uses) and decoded by the offline loop on the prompt ids the engine got: the same
     verify steps, drafts, acceptances per position and committed tokens."""
-    from types import SimpleNamespace
-
-    from specdraft.artifacts.drafter import build_model, read_drafter
-    from specdraft.eval.acceptance import AcceptanceStats
-    from specdraft.eval.run import decode
-
     res, root, verifier, corpus = served
-    model = build_model(read_drafter(root / "export"))
-    cfg = SimpleNamespace(k=K, max_new_tokens=NEW, temperature=0.0, seed=0, batch_size=1,
-                          tree=False, draft_sample_method="greedy")
-    gens = decode(cfg, verifier, model, [ids[:PROMPT] for _, ids, _ in corpus], [])
-    stats = AcceptanceStats()
-    for g in gens:
-        stats.extend(g.stats)
-    off = stats.summary()
+    off, tokens = offline_greedy(verifier, root / "export", [ids[:PROMPT] for _, ids, _ in corpus],
+                                 K, NEW)
     c = res["runs"][0]["counters"]
     assert (c["drafts"], c["draft_tokens"], c["accepted"], c["per_pos"]) == (
         off["verify_steps"], off["drafted"], off["accepted"], off["per_position_accepted"])
-    assert [list(g.tokens) for g in gens] == res["runs"][0]["tokens"]
+    assert tokens == res["runs"][0]["tokens"]
 
 
 def test_eval_engine_vllm_end_to_end_on_the_mla_family(served, vllm_python):
