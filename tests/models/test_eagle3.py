@@ -118,6 +118,22 @@ def test_fused_kernel_check_catches_a_wrong_kernel():
         assert fused_kernel(torch.device("meta")) is None
 
 
+@pytest.mark.parametrize("mode", ["autocast", "no_grad"])
+def test_fused_kernel_check_ignores_the_callers_mode(mode):
+    """The check's first call comes from inside a training step's bf16 autocast or a no-grad
+    validation; under either it used to fail (split's matmuls in bf16 against the kernel's fp32:
+    3.5e-3 > 1e-4; no gradient at all), so every default CUDA run fell back to split. It runs in
+    the dtype it is asked for, autocast off, gradients on; bf16 inputs at head dim 128 pass at
+    bf16's tolerance."""
+    from specdraft.models.eagle3 import LSE_KERNELS, check_fused_kernel
+
+    cpu, dev = LSE_KERNELS["cpu"], torch.device("cpu")
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else torch.no_grad()
+    with ctx:
+        assert check_fused_kernel(cpu, dev) is None
+        assert check_fused_kernel(cpu, dev, torch.bfloat16, 128) is None
+
+
 def test_dense_attention_row_by_hand():
     """T=2, steps 0 and 1: query 0 sees {k0[0], k1[0]}, query 1 sees {k0[0], k0[1], k1[1]}."""
     q = torch.tensor([[1.0], [2.0]]).view(1, 1, 2, 1)

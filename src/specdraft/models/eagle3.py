@@ -437,12 +437,14 @@ class _CausalAttentionWithLSE(torch.autograd.Function):
 
 
 @functools.cache
-def fused_kernel(device: torch.device) -> LSEKernel | None:
-    """The kernel ``fused`` runs on ``device``, or None (it then runs ``split``; a warning says
-    so once). On CUDA the kernel is first checked once against :func:`ttt_attention_split` on a
-    small float32 problem (:func:`check_fused_kernel`); if it raises or disagrees, ``fused``
-    runs ``split`` there, with a warning naming why: a kernel whose contract changed in another
-    PyTorch costs memory, never a wrong gradient."""
+def fused_kernel(device: torch.device, dtype: torch.dtype = torch.float32,
+                 head_dim: int = 64) -> LSEKernel | None:
+    """The kernel ``fused`` runs on ``device`` for q/k/v of ``dtype`` and ``head_dim``, or None
+    (it then runs ``split``; a warning says so once). On CUDA the kernel is first checked, once
+    per (device, dtype, head_dim), against :func:`ttt_attention_split` (:func:`check_fused_kernel`,
+    run outside the caller's autocast and no-grad modes); if it raises or disagrees, ``fused``
+    runs ``split`` there, with a warning naming why. The check sees one small problem: a fault
+    of the kernel that shows only at other lengths or batch shapes would pass it."""
     kernel = LSE_KERNELS.get(device.type)
     if kernel is None:
         warnings.warn(f"TTT attention 'fused' has no kernel on {device.type}: it runs 'split' "
@@ -450,39 +452,49 @@ def fused_kernel(device: torch.device) -> LSEKernel | None:
         return None
     if device.type == "cpu":
         return kernel
-    reason = check_fused_kernel(kernel, device)
+    reason = check_fused_kernel(kernel, device, dtype, head_dim)
     if reason:
-        warnings.warn(f"TTT attention 'fused' runs 'split' on {device}: {reason}", stacklevel=3)
+        warnings.warn(f"TTT attention 'fused' runs 'split' on {device} ({dtype}, head dim "
+                      f"{head_dim}): {reason}", stacklevel=3)
         return None
     return kernel
 
 
-def check_fused_kernel(kernel: LSEKernel, device: torch.device, dtype=torch.float32,
-                       tol: float = 1e-4) -> str | None:
+#: Relative error allowed between the kernel and ``split`` (both in the checked dtype).
+CHECK_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4, torch.bfloat16: 5e-2,
+                   torch.float16: 1e-2}
+
+
+def check_fused_kernel(kernel: LSEKernel, device: torch.device, dtype: torch.dtype = torch.float32,
+                       head_dim: int = 64) -> str | None:
     """None when ``kernel`` gives :func:`ttt_attention_split`'s output and q/k/v gradients
-    through the log-sum-exp merge (2 TTT steps, B 1, 4 heads, T 37, head dim 64, relative error
-    <= ``tol``), else why not."""
+    through the log-sum-exp merge (2 TTT steps, B 1, 4 heads, T 37; inputs of ``dtype`` and
+    ``head_dim``; relative error within :data:`CHECK_TOLERANCE`), else why not. Runs with
+    autocast off and gradients on, whatever the caller's mode (the first call comes from inside
+    a training step's autocast, or from a no-grad validation)."""
     g = torch.Generator().manual_seed(0)
-    shape = (1, 4, 37, 64)
-    leaves = [torch.randn(shape, generator=g, dtype=dtype).to(device).requires_grad_()
+    shape = (1, 4, 37, head_dim)
+    leaves = [torch.randn(shape, generator=g).to(device, dtype).requires_grad_()
               for _ in range(5)]
-    probe = torch.randn(shape, generator=g, dtype=dtype).to(device)
+    probe = torch.randn(shape, generator=g).to(device, dtype)
     results = []
     try:
-        for run in ("fused", "split"):
-            q, k0, v0, k1, v1 = leaves
-            if run == "split":
-                out = ttt_attention_split(q, [k0, k1], [v0, v1], 0.125)
-            else:
-                out = _merge_lse(q, [k0, k1], [v0, v1], 0.125, kernel)
-            grads = torch.autograd.grad((out * probe).sum(), leaves)
-            results.append([out.detach(), *grads])
+        with torch.autocast(device.type, enabled=False), torch.enable_grad():
+            for run in ("fused", "split"):
+                q, k0, v0, k1, v1 = leaves
+                if run == "split":
+                    out = ttt_attention_split(q, [k0, k1], [v0, v1], head_dim ** -0.5)
+                else:
+                    out = _merge_lse(q, [k0, k1], [v0, v1], head_dim ** -0.5, kernel)
+                grads = torch.autograd.grad((out.float() * probe.float()).sum(), leaves)
+                results.append([out.detach().float(), *(x.float() for x in grads)])
     except Exception as e:  # noqa: BLE001 (any failure of the kernel means: do not use it)
         return f"the kernel raised {type(e).__name__}: {e}"
+    tol = CHECK_TOLERANCE.get(dtype, 1e-2)
     for name, a, b in zip(("out", "dq", "dk0", "dv0", "dk1", "dv1"), *results):
         err = ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
         if not err <= tol:
-            return f"{name} differs from 'split' by {err:.2e} (relative)"
+            return f"{name} differs from 'split' by {err:.2e} (relative, tolerance {tol:g})"
     return None
 
 
@@ -511,7 +523,7 @@ def ttt_attention_fused(q: torch.Tensor, keys: list[torch.Tensor], values: list[
     kernel is :func:`fused_kernel`'s for q's device (CPU, CUDA); elsewhere, or where the CUDA
     kernel fails its check, this runs :func:`ttt_attention_split` (with a warning).
     """
-    kernel = fused_kernel(q.device)
+    kernel = fused_kernel(q.device, q.dtype, q.shape[-1])
     if kernel is None:
         return ttt_attention_split(q, keys, values, scale)
     return _merge_lse(q, keys, values, scale, kernel)

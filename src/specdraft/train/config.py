@@ -64,9 +64,10 @@ class TrainConfig(StageConfig):
     log_every: int = Field(10, ge=1, description="Log training metrics every N steps.")
     seed: int = Field(0, description="Seed of the initialization, split and shuffling.")
     attn_impl: Literal["dense", "split", "fused"] = Field(
-        "fused", description="TTT attention: fused (the fused causal kernel plus per-step "
-                             "diagonal terms; CPU, split elsewhere), split (explicit scores) or "
-                             "dense (one masked SDPA).")
+        "fused", description="TTT attention: fused (a fused causal kernel plus per-step "
+                             "diagonal terms; CPU and CUDA, split elsewhere or where the CUDA "
+                             "kernel fails its check), split (explicit scores) or dense (one "
+                             "masked SDPA).")
     norm_before_residual: bool = Field(False, description="Take the residual after the hidden "
                                                           "norm (written to the exported "
                                                           "config).")
