@@ -165,3 +165,42 @@ def test_mla_widths_or_rope_unlike_the_verifiers_are_refused(kimi, tmp_path, fie
                             verifier=str(root / "verifier"), aux_layers=AUX))
     assert "retrain it (train --drafter-layer mla)" in str(err.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_verifier_with_its_own_code_needs_the_flag(kimi, tmp_path):
+    """Kimi's checkpoints ship their own code (``auto_map``; ``model_type`` ``kimi_k2``, which
+    transformers does not know): ``export --verifier`` refuses such a verifier naming
+    ``--trust-remote-code`` before its code runs, and with the flag reads it (here a subclass of
+    transformers' DeepSeek-V3 in the verifier directory) and exports."""
+    import shutil
+
+    from specdraft.core.errors import ConfigError
+
+    root, _ = kimi
+    remote = tmp_path / "remote"
+    shutil.copytree(root / "verifier", remote)
+    marker = tmp_path / "ran.txt"
+    (remote / "custom.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from transformers import DeepseekV3Config, DeepseekV3ForCausalLM\n"
+        "class CustomConfig(DeepseekV3Config):\n    model_type = 'kimi_k2'\n"
+        "class CustomForCausalLM(DeepseekV3ForCausalLM):\n    config_class = CustomConfig\n")
+    cfg = json.loads((remote / "config.json").read_text())
+    cfg["model_type"] = "kimi_k2"
+    cfg["auto_map"] = {"AutoConfig": "custom.CustomConfig",
+                       "AutoModelForCausalLM": "custom.CustomForCausalLM"}
+    (remote / "config.json").write_text(json.dumps(cfg))
+    request = dict(drafter=root / "drafter", format="vllm", verifier=str(remote),
+                   aux_layers=AUX)
+    with pytest.raises(ConfigError, match="--trust-remote-code"):
+        export(ExportConfig(out=tmp_path / "refused", **request))
+    assert not marker.exists() and not (tmp_path / "refused").exists()
+    from specdraft.core.verifier import load_verifier
+
+    verifier = load_verifier(remote, trust_remote_code=True)  # a drafter shaped for it
+    assert marker.exists()  # its code ran, as asked
+    save_drafter(random_mla_drafter(verifier), tmp_path / "drafter")
+    export(ExportConfig(out=tmp_path / "out", trust_remote_code=True,
+                        **{**request, "drafter": tmp_path / "drafter"}))
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == [
+        "Eagle3DeepseekV2ForCausalLM"]

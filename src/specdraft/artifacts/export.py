@@ -45,6 +45,7 @@ class ExportRequest:
     dtype: str = "auto"
     aux_layers: tuple[int, ...] | None = None
     allow_other_verifier: bool = False
+    trust_remote_code: bool = False
 
 
 @dataclass
@@ -96,7 +97,7 @@ def upstream_facts(config: ExportRequest) -> dict[str, Any]:
                           f"RUN/extract/manifest.json aux_layer_ids {facts['extract_ids']}; drop "
                           f"--aux-layers (the manifest records what was extracted)")
     if config.verifier is not None:
-        _verifier_facts(config.verifier, facts)
+        _verifier_facts(config.verifier, facts, config.trust_remote_code)
     return facts
 
 
@@ -135,20 +136,23 @@ def missing_facts(config: ExportRequest, trained: dict[str, torch.Tensor], c: Ea
     return problems
 
 
-def _verifier_facts(verifier: str, facts: dict[str, Any]) -> None:
+def _verifier_facts(verifier: str, facts: dict[str, Any], trust_remote_code: bool = False
+                    ) -> None:
     """Layer count, architectures and profile from the verifier's config; its embedding when
-    the extraction head did not provide it (loads the model)."""
+    the extraction head did not provide it (loads the model). A verifier with its own code is
+    refused unless ``trust_remote_code`` (:func:`specdraft.core.verifier.require_trust`)."""
     from specdraft.core.profile import resolve_profile
     from specdraft.core.verifier import load_verifier
 
-    model = load_verifier(verifier) if facts["embed"] is None else None
+    model = (load_verifier(verifier, trust_remote_code=trust_remote_code)
+             if facts["embed"] is None else None)
     if model is not None:
         facts["embed"] = model.get_input_embeddings().weight.detach().cpu()
         hf = model.config
     else:
         from specdraft.core.profile import load_hf_config
 
-        hf = load_hf_config(verifier)
+        hf = load_hf_config(verifier, trust_remote_code=trust_remote_code)
     facts["verifier_profile"] = resolve_profile(hf, model=model)
     hf = getattr(hf, "text_config", None) or hf
     facts["n_layers"] = facts["n_layers"] or facts["verifier_profile"].n_layers
@@ -220,7 +224,7 @@ def identity_problems(config: ExportRequest, identity: dict[str, Any] | None,
     if config.verifier is None:
         return problems, None
     binding = bind(identity, config.verifier, allow_other=config.allow_other_verifier,
-                   flag="--allow-other-verifier")
+                   flag="--allow-other-verifier", trust_remote_code=config.trust_remote_code)
     if binding["refusal"]:
         problems.append(binding["refusal"])
     return problems, binding

@@ -87,7 +87,7 @@ def require_trust(directory: str | os.PathLike, trust_remote_code: bool) -> None
     if files:
         raise ConfigError(f"{directory}: {', '.join(files)} ask(s) to run the model's own Python "
                           f"code (auto_map); specdraft runs it only when you pass "
-                          f"--trust-remote-code (prepare, extract) and trust it")
+                          f"--trust-remote-code (prepare, extract, export) and trust it")
 
 
 def resolve_trusted(path: str | os.PathLike, trust_remote_code: bool) -> tuple[str, str | None]:

@@ -40,6 +40,8 @@ class ExportConfig(StageConfig):
     allow_other_verifier: bool = Field(
         False, description="Export even when --verifier is not the model the drafter was "
                            "trained on (recorded in the manifest).")
+    trust_remote_code: bool = Field(False, description="Allow --verifier's own code (a "
+                                                       "config.json auto_map).")
     overwrite: bool = Field(False, description="Replace the output directory.")
 
     @field_validator("aux_layers", mode="before")
