@@ -10,16 +10,21 @@ Each (T, steps) runs in a fresh process: build the drafter, one forward + backwa
 :class:`specdraft.train.objective.TTTObjective` on a random row (soft targets over K), no
 optimizer step. Reported: seconds (forward and in all), the bytes autograd keeps for backward
 (every saved tensor's storage counted once, through ``torch.autograd.graph.saved_tensors_hooks``:
-the activations of one row, what grows with T and the TTT steps), and the peak RSS growth over
-the process after the drafter was built (that plus the gradients, 4 B per trainable parameter,
-and autocast's bf16 copy of the weights, 2 B per parameter, which it frees on leaving the
-forward). Weights, gradients and AdamW's two moments are exact counts (16 B per trainable
-parameter, 4 B per frozen one), printed beside.
+autocast's bf16 copies of the weights, a fixed part, plus the activations of the row, which grow
+with T and the TTT steps), and the peak RSS growth of the process after the drafter was built
+(what was alive at once: saved tensors, then gradients, 4 B per trainable parameter, as the
+backward frees them; not their sum). Weights, gradients and AdamW's two moments are exact counts
+(16 B per trainable parameter, 4 B per frozen one), printed beside. Also printed: this CPU's rate
+on one bf16 ``[2048, 7168] x [7168, 7168]`` product (the denominator of the efficiency quoted in
+docs/scale.md). The drafter is the Llama layer.
 
 The verifier's embedding (V = 163,840 rows, frozen, looked up only) is built with K rows here to
 fit this machine's 24 GiB: its cost is V·H·4 bytes of memory and no FLOPs, added by formula.
 
     python benchmarks/bench_job_shape.py [--rows 2048,4096] [--steps 1,2,3] [--full-ttt 7]
+
+docs/scale.md's table: ``--rows 128 --steps 1 --full-ttt 0``, ``--rows 2048 --steps 1,2,3
+--full-ttt 7`` and ``--rows 4096 --steps 1,2 --full-ttt 0`` (24 GiB holds no more at 4,096).
 """
 
 from __future__ import annotations
@@ -87,6 +92,17 @@ def child(T: int, steps: int, dtype: str) -> None:
                       "trainable": trainable}))
 
 
+def matmul_gflops() -> float:
+    """This CPU's rate on one bf16 ``[2048, 7168] x [7168, 7168]`` product (after a warm-up)."""
+    import torch
+
+    a, b = torch.randn(2048, H, dtype=torch.bfloat16), torch.randn(H, H, dtype=torch.bfloat16)
+    a @ b
+    t0 = time.perf_counter()
+    a @ b
+    return round(2 * 2048 * H * H / (time.perf_counter() - t0) / 1e9, 1)
+
+
 def run(T: int, steps: int, dtype: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", f"{T},{steps},{dtype}"],
                          capture_output=True, text=True)
@@ -112,7 +128,8 @@ def main() -> None:
 
     import torch
     dtype = a.dtype if a.dtype != "auto" else resolve_train_dtype("auto", "cpu", H)
-    print(json.dumps({"compute_dtype": dtype, "threads": torch.get_num_threads()}), flush=True)
+    print(json.dumps({"compute_dtype": dtype, "threads": torch.get_num_threads(),
+                      "bf16_matmul_gflops": matmul_gflops()}), flush=True)
     results = []
     for T in map(int, a.rows.split(",")):
         for steps in map(int, a.steps.split(",")):
