@@ -13,7 +13,8 @@ Usage: ``python engine_worker.py JOB.json OUT.json``. The job (written by
      "runs": [{"name": "spec", "drafter": EXPORT_DIR or null, "k": 3}, ...]}
 
 A run may override ``temperature`` and ``seed`` and give ``draft_sample_method`` (passed to
-vLLM's ``speculative_config``; absent: vLLM's default). The method the engine actually ran is
+vLLM's ``speculative_config``; absent: vLLM's default) and ``method`` (the speculative method,
+``eagle3`` when absent; ``dflash`` for a DFlash export). The method the engine actually ran is
 read back from ``llm.llm_engine.vllm_config.speculative_config`` into the run's output
 (``draft_sample_method``, ``rejection_sample_method``).
 
@@ -96,7 +97,7 @@ def run_one(job: dict, run: dict) -> dict:
 
     spec = None
     if run.get("drafter"):
-        spec = {"method": "eagle3", "model": run["drafter"],
+        spec = {"method": run.get("method") or "eagle3", "model": run["drafter"],
                 "num_speculative_tokens": int(run["k"])}
         if run.get("draft_sample_method"):
             spec["draft_sample_method"] = run["draft_sample_method"]
