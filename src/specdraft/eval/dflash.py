@@ -29,6 +29,7 @@ class DFlashDrafter:
         self.model = model
         width = model.config.n_target * model.config.target_hidden_size
         self.feats = torch.empty(0, width)  # [T, n*Ht] context states, positions 0..T-1
+        self.proposed: list[list[int]] = []  # every block's drafts, in order (what vLLM drafted)
 
     def observe(self, start: int, feats: torch.Tensor, tokens: torch.Tensor) -> None:
         """Keep the context states of positions ``< start``, then append ``feats`` [m, n*Ht] at
@@ -46,15 +47,24 @@ class DFlashDrafter:
         if len(context) != len(self.feats) + 1:
             raise RuntimeError(f"DFlash drafter: {len(self.feats)} context states for "
                                f"{len(context)} committed tokens (expected one fewer)")
-        return draft_block(self.model, self.feats, int(context[-1]), k), None
+        drafts = draft_block(self.model, self.feats, int(context[-1]), k)
+        self.proposed.append(drafts.tolist())
+        return drafts, None
 
 
 def decode(verifier, model: DFlashDraftModel, prompts: Sequence[Sequence[int]], *, k: int,
-           max_new_tokens: int, eos_ids: Sequence[int] = ()) -> list[Generation]:
+           max_new_tokens: int, eos_ids: Sequence[int] = (),
+           drafts: list[list[list[int]]] | None = None) -> list[Generation]:
     """Greedy (temperature 0) speculative decoding of each prompt (token ids) with the HF
     ``verifier`` and ``model``, one prompt at a time; the verifier's states are read at the
-    drafter's ``target_layer_ids + 1`` (:meth:`~specdraft.models.dflash.DFlashConfig.hf_hidden_ids`)."""
+    drafter's ``target_layer_ids + 1`` (:meth:`~specdraft.models.dflash.DFlashConfig.hf_hidden_ids`).
+    ``drafts``, when given, receives each prompt's drafts per verify step ([steps][k])."""
     ids = model.config.hf_hidden_ids()
-    return [generate(VerifierSession(verifier, ids), DFlashDrafter(model), p, k=k,
-                     max_new_tokens=max_new_tokens, temperature=0.0, eos_ids=eos_ids)
-            for p in prompts]
+    out = []
+    for p in prompts:
+        drafter = DFlashDrafter(model)
+        out.append(generate(VerifierSession(verifier, ids), drafter, p, k=k,
+                            max_new_tokens=max_new_tokens, temperature=0.0, eos_ids=eos_ids))
+        if drafts is not None:
+            drafts.append(drafter.proposed)
+    return out
