@@ -28,8 +28,9 @@ def drafter(verifier, **overrides):
     from specdraft.models.dflash import DFlashConfig, DFlashDraftModel
 
     torch.manual_seed(1)
-    c = DFlashConfig.from_verifier(verifier.config, target_layer_ids=(0, 2), mask_token_id=7,
-                                   block_size=K + 1, num_hidden_layers=2, **overrides)
+    fields = {"target_layer_ids": (0, 2), "mask_token_id": 7, **overrides}
+    c = DFlashConfig.from_verifier(verifier.config, block_size=K + 1, num_hidden_layers=2,
+                                   **fields)
     m = DFlashDraftModel(c)
     m.set_verifier_tables(verifier)
     return m.eval()
@@ -113,8 +114,9 @@ def test_objective_by_hand():
 
 
 def test_overfit_loss_falls(verifier):
-    """A few steps on one batch: the loss falls (the objective trains the drafter's weights and
-    leaves the verifier's tables alone)."""
+    """A few steps on one batch: slot accuracy goes from 0 to ~1 (measured 0.94 / 0.92 / 1.0) and
+    the loss falls (4.85 -> 4.16: the verifier's random head gives flat logits, so the loss
+    stays near log V); the verifier's tables are left alone."""
     from specdraft.train.dflash_objective import overfit
 
     m = drafter(verifier)
@@ -127,7 +129,8 @@ def test_overfit_loss_falls(verifier):
         hs = verifier(input_ids=ids, output_hidden_states=True).hidden_states
     hidden = torch.cat([hs[i] for i in m.config.hf_hidden_ids()], -1)
     log = overfit(m, hidden, ids, mask, steps=30, lr=1e-2)
-    assert log[-1]["loss"] < 0.5 * log[0]["loss"], (log[0], log[-1])
+    assert log[-1]["loss"] < log[0]["loss"] - 0.4, (log[0], log[-1])
+    assert log[0]["acc_1"] < 0.1 and log[-1]["acc_1"] > 0.8, (log[0], log[-1])
     assert torch.equal(m.embed_tokens.weight, embed)
 
 
