@@ -63,8 +63,10 @@ def target_states(verifier, ids: torch.Tensor, hf_ids: list[int]) -> torch.Tenso
     return torch.cat([hs[i] for i in hf_ids], dim=-1).float()
 
 
-def make_drafter(verifier, *, layers: int = 2, seed: int = 2):
-    """A random DFlash drafter of :data:`K` + 1 slots over ``verifier`` (its tables copied)."""
+def make_drafter(verifier, *, layers: int = 2, seed: int = 2, norm_spread: float = 0.3):
+    """A random DFlash drafter of :data:`K` + 1 slots over ``verifier`` (its tables copied), every
+    RMSNorm gain drawn as ``1 + norm_spread·N(0, 1)`` (per layer, per norm): a norm the engine
+    skipped, or applied with another layer's gain, then changes what it drafts."""
     from specdraft.models.dflash import DFlashConfig, DFlashDraftModel
 
     torch.manual_seed(seed)
@@ -72,5 +74,9 @@ def make_drafter(verifier, *, layers: int = 2, seed: int = 2):
                                         mask_token_id=MASK_TOKEN_ID, block_size=K + 1,
                                         num_hidden_layers=layers)
     model = DFlashDraftModel(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + norm_spread * torch.randn(p.shape))
     model.set_verifier_tables(verifier)
     return model
