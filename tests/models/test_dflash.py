@@ -187,3 +187,15 @@ def test_export_refuses_a_non_finite_tensor(verifier, tmp_path):
                                                   r"finite"):
         export_dflash(m, tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_eagle3_reader_names_a_dflash_export(verifier, tmp_path):
+    """eval / doctor / export read drafters with ``artifacts.drafter.read_drafter``: a DFlash
+    export is refused naming what it is and where it is read, not with a missing EAGLE-3 key."""
+    from specdraft.artifacts.dflash_export import export_dflash
+    from specdraft.artifacts.drafter import read_drafter
+    from specdraft.core.errors import InputError
+
+    export_dflash(drafter(verifier), tmp_path / "x")
+    with pytest.raises(InputError, match=r"config.json: a DFlash drafter .*read_dflash"):
+        read_drafter(tmp_path / "x")
