@@ -59,6 +59,11 @@ def read_drafter(path: str | Path) -> DrafterOnDisk:
         return DrafterOnDisk(path, cfg, _load(path / WEIGHTS_FILE), "specdraft")
     if (path / EXPORT_CONFIG).exists():
         raw = _json_object(path / EXPORT_CONFIG)
+        if raw.get("architectures") == ["DFlashDraftModel"]:
+            raise InputError(f"{path / EXPORT_CONFIG}: a DFlash drafter (architectures "
+                             f"['DFlashDraftModel']); eval, doctor and export read EAGLE-3 "
+                             f"drafters only: read it with specdraft.artifacts.dflash_export"
+                             f".read_dflash and decode it with specdraft.eval.dflash.decode")
         fmt = detect_format(raw)
         cfg = _config(path / EXPORT_CONFIG, lambda: _export_config(raw, fmt), raw, fmt=fmt)
         state = _export_state(raw, _load(path / EXPORT_WEIGHTS), fmt)

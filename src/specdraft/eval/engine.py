@@ -47,13 +47,14 @@ class EngineDisagreement(SpecdraftError, RuntimeError):
 def vllm_job(*, verifier_dir: Path, drafter_dir: Path | None, prompts: Sequence[Sequence[int]],
              k: int, temperature: float, max_tokens: int, stop_ids: Sequence[int], dtype: str,
              seed: int = 0, extra_runs: Sequence[dict[str, Any]] = (),
-             draft_sample_method: str | None = None) -> dict[str, Any]:
+             draft_sample_method: str | None = None, method: str = "eagle3") -> dict[str, Any]:
     """The worker's job (format in :mod:`specdraft.eval.engine_worker`). One run ``spec`` with
-    the drafter (none when ``drafter_dir`` is None) and ``draft_sample_method`` (None: vLLM's
-    default), then ``extra_runs`` in the same process."""
+    the drafter (none when ``drafter_dir`` is None), served as ``method`` (vLLM's speculative
+    method: ``eagle3`` or ``dflash``), and ``draft_sample_method`` (None: vLLM's default), then
+    ``extra_runs`` in the same process (each may name its own ``method``)."""
     longest = max((len(p) for p in prompts), default=0) + max_tokens + k + 8
     runs = [{"name": "spec", "drafter": str(drafter_dir) if drafter_dir else None, "k": k,
-             "draft_sample_method": draft_sample_method}, *extra_runs]
+             "draft_sample_method": draft_sample_method, "method": method}, *extra_runs]
     return {"verifier": str(verifier_dir), "dtype": dtype, "seed": seed,
             "max_model_len": max(256, longest), "prompts": [list(map(int, p)) for p in prompts],
             "max_tokens": max_tokens, "temperature": temperature,

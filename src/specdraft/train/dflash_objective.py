@@ -1,0 +1,112 @@
+"""The DFlash training objective: random anchors per row, one block per anchor, the block mask of
+:func:`specdraft.models.dflash.block_mask`, and a cross-entropy weighted by an exponential decay
+over block positions (the DFlash recipe: an early slot's error ends the accepted prefix, so early
+slots weigh more).
+
+A row is ``ids`` [T] with ``loss_mask`` [T] and the verifier's states of the drafter's target
+layers ``hidden`` [T, n*Ht] (HF ``hidden_states[id + 1]``, :meth:`DFlashConfig.hf_hidden_ids`).
+An anchor ``a`` is a position whose next token is supervised (``loss_mask[a + 1] == 1``, the
+convention of :func:`specdraft.core.conventions.supervised_mask`); its block is ``[ids[a], mask,
+..., mask]`` at positions ``a .. a+K``, it sees the states of positions ``< a`` (as in serving:
+:mod:`specdraft.eval.dflash`), and slot ``j`` is trained on ``ids[a + j]`` where that token is
+supervised. The forward is the one offline eval and vLLM run (:meth:`DFlashDraftModel.forward`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from specdraft.models.dflash import DFlashDraftModel
+
+IGNORE = -100
+
+
+def sample_anchors(loss_mask: torch.Tensor, n_blocks: int, generator: torch.Generator
+                   ) -> torch.Tensor:
+    """loss_mask [B, T] (0/1) -> anchors [B, n_blocks] int64, drawn uniformly (with replacement)
+    among each row's positions ``a`` with ``loss_mask[a + 1] == 1``. Raises ValueError naming
+    the row when it has none."""
+    B, T = loss_mask.shape
+    out = torch.empty(B, n_blocks, dtype=torch.long)
+    for b in range(B):
+        cand = torch.nonzero(loss_mask[b, 1:] == 1).flatten()  # a with a+1 supervised
+        if len(cand) == 0:
+            raise ValueError(f"row {b}: no supervised token, no anchor to draw")
+        out[b] = cand[torch.randint(len(cand), (n_blocks,), generator=generator)]
+    return out
+
+
+def block_batch(ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, *,
+                block_size: int, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids, loss_mask [B, T]; anchors [B, nb] -> (block_ids [B, nb, Q], targets [B, nb, Q-1])
+    with Q = block_size: block ``[ids[a], mask × (Q-1)]``, slot ``j`` (1..Q-1) targeting
+    ``ids[a + j]`` when ``a + j < T`` and ``loss_mask[a + j] == 1``, else :data:`IGNORE`."""
+    B, T = ids.shape
+    j = torch.arange(1, block_size)
+    pos = anchors[:, :, None] + j  # [B, nb, Q-1]
+    inside = pos < T
+    safe = pos.clamp(max=T - 1)
+    rows = torch.arange(B)[:, None, None]
+    targets = torch.where(inside & (loss_mask[rows, safe] == 1), ids[rows, safe],
+                          torch.full_like(safe, IGNORE))
+    first = ids[torch.arange(B)[:, None], anchors]  # [B, nb]
+    masks = torch.full((*anchors.shape, block_size - 1), mask_token_id, dtype=ids.dtype)
+    return torch.cat([first[:, :, None], masks], dim=-1), targets
+
+
+def position_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """[Q-1] float: ``exp(-(j - 1) / gamma)`` for slots j = 1..Q-1 (slot 1 weighs 1)."""
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / gamma)
+
+
+def block_loss(model: DFlashDraftModel, hidden: torch.Tensor, ids: torch.Tensor,
+               loss_mask: torch.Tensor, anchors: torch.Tensor, *, gamma: float
+               ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The position-weighted cross-entropy of ``model``'s blocks at ``anchors``.
+
+    hidden [B, T, n*Ht] float, ids / loss_mask [B, T], anchors [B, nb]. Returns (loss [] =
+    sum_j w_j CE_j / sum_j w_j over the supervised slots, {"loss", "acc_1", ..., "acc_{Q-1}"}:
+    per-slot argmax accuracy over the supervised slots).
+    """
+    c = model.config
+    block_ids, targets = block_batch(ids, loss_mask, anchors, block_size=c.block_size,
+                                     mask_token_id=c.mask_token_id)
+    out = model(hidden, block_ids.to(hidden.device), anchors.to(hidden.device))  # [B,nb,Q,H]
+    logits = model.lm_head(out[:, :, 1:]).float()  # [B, nb, Q-1, V]
+    targets = targets.to(hidden.device)
+    ce = F.cross_entropy(logits.flatten(0, 2), targets.flatten(), ignore_index=IGNORE,
+                         reduction="none").view(targets.shape)
+    valid = (targets != IGNORE).float()
+    w = position_weights(c.block_size, gamma).to(hidden.device) * valid  # [B, nb, Q-1]
+    loss = (w * ce).sum() / w.sum().clamp_min(1e-9)
+    hits = (logits.argmax(-1) == targets).float() * valid
+    acc = (hits.sum((0, 1)) / valid.sum((0, 1)).clamp_min(1)).tolist()
+    stats = {"loss": float(loss.detach()), **{f"acc_{j + 1}": a for j, a in enumerate(acc)}}
+    return loss, stats
+
+
+def overfit(model: DFlashDraftModel, hidden: torch.Tensor, ids: torch.Tensor,
+            loss_mask: torch.Tensor, *, steps: int, lr: float = 3e-3, n_blocks: int = 8,
+            gamma: float = 7.0, seed: int = 0) -> list[dict[str, float]]:
+    """Train ``model``'s own weights (not the verifier's tables) with AdamW on one fixed batch,
+    fresh random anchors every step; returns the per-step stats of :func:`block_loss`. The
+    minimal loop the engine test needs (``specdraft train`` has no DFlash option yet)."""
+    g = torch.Generator().manual_seed(seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    log = []
+    model.train()
+    for step in range(steps):
+        anchors = sample_anchors(loss_mask, n_blocks, g)
+        loss, stats = block_loss(model, hidden, ids, loss_mask, anchors, gamma=gamma)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        log.append(stats)
+    model.eval()
+    assert math.isfinite(log[-1]["loss"]), log[-1]
+    return log
