@@ -55,7 +55,8 @@ from transformers import LlamaConfig
 
 from specdraft.core.errors import ConfigError
 from specdraft.core.profile import resolve_profile
-from specdraft.models.eagle3 import DraftRotaryEmbedding, RMSNorm, apply_rotary, repeat_kv
+from specdraft.models.eagle3 import (DraftRotaryEmbedding, Eagle3MLP, RMSNorm, apply_rotary,
+                                     repeat_kv)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,17 +218,6 @@ class DFlashAttention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(B, Q, -1))
 
 
-class DFlashMLP(nn.Module):
-    def __init__(self, c: DFlashConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DFlashDecoderLayer(nn.Module):
     """One Qwen3 pre-norm decoder layer of the drafter (vLLM ``DFlashQwen3DecoderLayer``)."""
 
@@ -236,7 +226,7 @@ class DFlashDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.self_attn = DFlashAttention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = DFlashMLP(c)
+        self.mlp = Eagle3MLP(c)  # the same SwiGLU MLP, same keys
 
     def forward(self, h: torch.Tensor, cos_sin, ctx_kv, mask: torch.Tensor) -> torch.Tensor:
         """h [B, Q, H] -> [B, Q, H] (pre-norm residual stream)."""

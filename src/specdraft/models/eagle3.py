@@ -595,7 +595,10 @@ class Eagle3Attention(nn.Module):
 
 
 class Eagle3MLP(nn.Module):
-    def __init__(self, c: Eagle3Config) -> None:
+    """SwiGLU MLP ``down(silu(gate(x)) * up(x))``, [.., H] -> [.., H]; ``c`` needs only
+    ``hidden_size`` and ``intermediate_size`` (the DFlash layers use it too)."""
+
+    def __init__(self, c: Any) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
