@@ -19,9 +19,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from specdraft.core.conventions import IGNORE_INDEX as IGNORE, supervised_mask
 from specdraft.models.dflash import DFlashDraftModel
-
-IGNORE = -100
 
 
 def sample_anchors(loss_mask: torch.Tensor, n_blocks: int, generator: torch.Generator
@@ -31,8 +30,9 @@ def sample_anchors(loss_mask: torch.Tensor, n_blocks: int, generator: torch.Gene
     the row when it has none."""
     B, T = loss_mask.shape
     out = torch.empty(B, n_blocks, dtype=torch.long)
+    anchorable = supervised_mask(loss_mask)  # [B, T]: a with loss_mask[a + 1] == 1
     for b in range(B):
-        cand = torch.nonzero(loss_mask[b, 1:] == 1).flatten()  # a with a+1 supervised
+        cand = torch.nonzero(anchorable[b]).flatten()
         if len(cand) == 0:
             raise ValueError(f"row {b}: no supervised token, no anchor to draw")
         out[b] = cand[torch.randint(len(cand), (n_blocks,), generator=generator)]
