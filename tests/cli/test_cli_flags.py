@@ -50,6 +50,13 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
     ("train", "aux_layers"): (["--aux-layers", "2,3", "--aux-layers", "4"], (2, 3, 4)),
     ("train", "online"): (["--online", "--verifier", "smollm2"], True),
     ("export", "aux_layers"): (["--aux-layers", "1,2,3"], (1, 2, 3)),
+    # DFlash's settings are refused for the EAGLE-3 drafter (TrainConfig: DFLASH_ONLY)
+    ("train", "dflash_block_size"): (["--drafter", "dflash", "--dflash-block-size", "9"], 9),
+    ("train", "dflash_layers"): (["--drafter", "dflash", "--dflash-layers", "3"], 3),
+    ("train", "dflash_anchors"): (["--drafter", "dflash", "--dflash-anchors", "5"], 5),
+    ("train", "dflash_gamma"): (["--drafter", "dflash", "--dflash-gamma", "3.5"], 3.5),
+    ("train", "dflash_mask_token_id"): (["--drafter", "dflash", "--dflash-mask-token-id", "7"],
+                                        7),
     ("extract", "engine_args"): (["--engine-args", '{"max_num_seqs": 8}'], {"max_num_seqs": 8}),
     ("eval", "num_draft_tokens"): (["--num-draft-tokens", "5"], 5),
     ("eval", "sweep"): (["--sweep", "2,3,5x4x8"], "2,3,5x4x8"),

@@ -90,6 +90,7 @@ class DFlashConfig:
     causal: bool = False
     hidden_act: str = "silu"
     verifier_profile: dict[str, Any] | None = None
+    verifier_identity: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -104,6 +105,12 @@ class DFlashConfig:
     def hf_hidden_ids(self) -> list[int]:
         """The HF ``hidden_states`` indices the drafter reads: ``target_layer_ids + 1``."""
         return [i + 1 for i in self.target_layer_ids]
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        """:meth:`hf_hidden_ids` as a tuple: the aux ids (HF convention,
+        :data:`specdraft.models.eagle3.AUX_CONVENTION`) a run extracts for this drafter."""
+        return tuple(self.hf_hidden_ids())
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -128,7 +135,16 @@ class DFlashConfig:
         is implemented (vLLM's draft layer builds its rope from the draft config): any other is
         refused with :class:`ConfigError` naming it, as is a verifier without a dense MLP width.
         """
-        p = resolve_profile(hf_config)
+        return cls.from_profile(resolve_profile(hf_config), target_layer_ids=target_layer_ids,
+                                mask_token_id=mask_token_id, block_size=block_size,
+                                num_hidden_layers=num_hidden_layers, **overrides)
+
+    @classmethod
+    def from_profile(cls, p: Any, *, target_layer_ids: Sequence[int], mask_token_id: int,
+                     block_size: int, num_hidden_layers: int = 1, **overrides: Any
+                     ) -> "DFlashConfig":
+        """:meth:`from_verifier` from a resolved
+        :class:`~specdraft.core.profile.VerifierProfile` (what ``specdraft extract`` stores)."""
         rope = p.rotary
         if rope.rope_type != "default" or rope.partial_rotary_factor != 1.0 or rope.interleaved:
             raise ConfigError(f"verifier rotary {rope.rope_parameters()}: the DFlash drafter "
@@ -312,11 +328,13 @@ class DFlashDraftModel(nn.Module):
             h = layer(h, blk_rot, ctx_kv, mask)
         return self.norm(h).view(B, nb, Q, -1)
 
-    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+    def checkpoint_state(self, *, include_embed: bool = False) -> dict[str, torch.Tensor]:
         """The tensors vLLM's checkpoint holds, by their names: everything but the verifier's
-        tables and the rotary buffers."""
-        return {k: v for k, v in self.state_dict().items()
-                if not k.startswith(("rotary.", "embed_tokens.", "lm_head."))}
+        tables and the rotary buffers. ``include_embed``: also the frozen copies of the
+        verifier's ``embed_tokens.weight`` and ``lm_head.weight`` (specdraft's own drafter
+        directory, :mod:`specdraft.models.io`, is self-contained)."""
+        skip = ("rotary.",) if include_embed else ("rotary.", "embed_tokens.", "lm_head.")
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(skip)}
 
 
 @torch.inference_mode()

@@ -34,10 +34,21 @@ def save_drafter(model: Eagle3DraftModel, out_dir: str | Path) -> Path:
     return Path(out_dir)
 
 
+def is_dflash(d: dict) -> bool:
+    """A DFlash drafter config (:class:`specdraft.models.dflash.DFlashConfig`: it alone has
+    ``mask_token_id`` and ``target_layer_ids``)."""
+    return "mask_token_id" in d and "target_layer_ids" in d
+
+
 def drafter_from_dict(d: dict) -> Eagle3DraftModel:
-    """A fresh drafter of the kind its config dict describes: the MLA drafter
+    """A fresh drafter of the kind its config dict describes: the DFlash drafter
+    (:mod:`specdraft.models.dflash`, :func:`is_dflash`), the MLA drafter
     (:mod:`specdraft.models.eagle3_mla`) when it holds ``kv_lora_rank`` or ``draft_layer``
     ``mla``, else the Llama/Qwen3 layer. Raises TypeError/ValueError on an invalid config."""
+    if is_dflash(d):
+        from specdraft.models.dflash import DFlashConfig, DFlashDraftModel
+
+        return DFlashDraftModel(DFlashConfig.from_dict(d))
     if "kv_lora_rank" in d or d.get("draft_layer") == "mla":
         from specdraft.models.eagle3_mla import Eagle3MLAConfig
 
@@ -47,9 +58,13 @@ def drafter_from_dict(d: dict) -> Eagle3DraftModel:
 
 def drafter_from_config(config: Eagle3Config) -> Eagle3DraftModel:
     """A fresh drafter of ``config``'s kind: :class:`Eagle3MLADraftModel` for an MLA config,
-    else :class:`Eagle3DraftModel`."""
+    :class:`~specdraft.models.dflash.DFlashDraftModel` for a DFlash one, else
+    :class:`Eagle3DraftModel`."""
+    from specdraft.models.dflash import DFlashConfig, DFlashDraftModel
     from specdraft.models.eagle3_mla import Eagle3MLAConfig, Eagle3MLADraftModel
 
+    if isinstance(config, DFlashConfig):
+        return DFlashDraftModel(config)
     if isinstance(config, Eagle3MLAConfig):
         return Eagle3MLADraftModel(config)
     return Eagle3DraftModel(config)

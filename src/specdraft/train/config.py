@@ -10,6 +10,15 @@ from pydantic import Field, model_validator
 from specdraft.core.config import StageConfig
 
 
+#: Settings that only the EAGLE-3 family reads, and only DFlash reads: giving one for the other
+#: drafter is refused (a flag silently ignored would train something else than asked).
+EAGLE3_ONLY = frozenset({"ttt_steps", "step_weight", "loss", "align_topk", "oov_policy",
+                         "lm_head_init", "attn_impl", "norm_before_residual", "norm_before_fc",
+                         "fc_norm", "norm_output", "drafter_layer"})
+DFLASH_ONLY = frozenset({"dflash_block_size", "dflash_layers", "dflash_anchors",
+                         "dflash_gamma", "dflash_mask_token_id"})
+
+
 class TrainConfig(StageConfig):
     """Settings of the training stage (defaults follow the EAGLE-3 official recipe where one
     exists: AdamW β 0.9/0.95, grad clip 0.5, 7 TTT steps weighted ``0.8**k``; arXiv 2503.01840 and
@@ -83,6 +92,25 @@ class TrainConfig(StageConfig):
                              "attention for MLA verifiers: vLLM's Eagle3DeepseekV2ForCausalLM) "
                              "or auto (qwen3 for Qwen3 verifiers, llama otherwise; "
                              "docs/drafters.md).")
+    drafter: Literal["eagle3", "dflash"] = Field(
+        "eagle3", description="eagle3 (one draft layer unrolled over TTT steps; EAGLE-3.1 and "
+                              "the Qwen3/MLA layers through the flags above) or dflash (block "
+                              "drafting: Qwen3 layers draft a whole block in one forward, "
+                              "reading the run's aux layers as target_layer_ids + 1; vLLM "
+                              "only; docs/drafters.md).")
+    dflash_block_size: int = Field(8, ge=2, description="DFlash: block size, the anchor plus "
+                                                        "K mask slots (serve with "
+                                                        "num_speculative_tokens = K).")
+    dflash_layers: int = Field(2, ge=1, description="DFlash: the drafter's decoder layers.")
+    dflash_anchors: int = Field(32, ge=1, description="DFlash: blocks drawn per row per step "
+                                                      "(anchors among supervised positions).")
+    dflash_gamma: float | None = Field(None, gt=0, description="DFlash: slot j's loss weight is "
+                                                               "exp(-(j-1)/gamma) (none: "
+                                                               "block size / 2).")
+    dflash_mask_token_id: int | None = Field(None, ge=0, description="DFlash: the mask slots' "
+                                                                     "token id (none: the "
+                                                                     "verifier's last "
+                                                                     "vocabulary id).")
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="Data parallelism under "
                                                                 "torchrun.")
     device: str | None = Field(None, description="cpu, cuda, cuda:1 (none: cuda:LOCAL_RANK when "
@@ -115,7 +143,18 @@ class TrainConfig(StageConfig):
             raise ValueError("--online needs --verifier (the model run inside the training step)")
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite exclude each other")
+        given = self.model_fields_set
+        other = sorted((EAGLE3_ONLY if self.drafter == "dflash" else DFLASH_ONLY) & given)
+        if other:
+            flags = ", ".join("--" + f.replace("_", "-") for f in other)
+            raise ValueError(f"{flags}: not an option of the {self.drafter} drafter "
+                             f"(--drafter {self.drafter}; docs/drafters.md)")
         return self
+
+    def gamma(self) -> float:
+        """DFlash's slot-weight decay: ``dflash_gamma``, else ``dflash_block_size / 2`` (the
+        DFlash paper's 5 and 4 for blocks of 10 and 8; 7 for 16)."""
+        return self.dflash_gamma or self.dflash_block_size / 2
 
     def step_weights(self) -> list[float]:
         """``[step_weight**k for k in range(ttt_steps)]``."""

@@ -18,25 +18,38 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from specdraft.artifacts.batches import TrainBatch
 from specdraft.core.conventions import IGNORE_INDEX as IGNORE, supervised_mask
 from specdraft.models.dflash import DFlashDraftModel
+from specdraft.train.objective import StepOutput
 
 
-def sample_anchors(loss_mask: torch.Tensor, n_blocks: int, generator: torch.Generator
-                   ) -> torch.Tensor:
-    """loss_mask [B, T] (0/1) -> anchors [B, n_blocks] int64, drawn uniformly (with replacement)
-    among each row's positions ``a`` with ``loss_mask[a + 1] == 1``. Raises ValueError naming
-    the row when it has none."""
-    B, T = loss_mask.shape
+def draw_anchors(anchorable: torch.Tensor, n_blocks: int,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """anchorable [B, T] bool -> anchors [B, n_blocks] int64 (on ``anchorable``'s device), drawn
+    uniformly with replacement among each row's True positions, with ``generator`` (None: torch's
+    global CPU generator, which training checkpoints save). Raises ValueError naming the row
+    when it has none."""
+    B, T = anchorable.shape
     out = torch.empty(B, n_blocks, dtype=torch.long)
-    anchorable = supervised_mask(loss_mask)  # [B, T]: a with loss_mask[a + 1] == 1
+    anchorable = anchorable.cpu()
     for b in range(B):
         cand = torch.nonzero(anchorable[b]).flatten()
         if len(cand) == 0:
             raise ValueError(f"row {b}: no supervised token, no anchor to draw")
         out[b] = cand[torch.randint(len(cand), (n_blocks,), generator=generator)]
     return out
+
+
+def sample_anchors(loss_mask: torch.Tensor, n_blocks: int, generator: torch.Generator
+                   ) -> torch.Tensor:
+    """loss_mask [B, T] (0/1) -> anchors [B, n_blocks] int64, drawn uniformly (with replacement)
+    among each row's positions ``a`` with ``loss_mask[a + 1] == 1``
+    (:func:`specdraft.core.conventions.supervised_mask`). Raises ValueError naming the row when
+    it has none."""
+    return draw_anchors(supervised_mask(loss_mask), n_blocks, generator)
 
 
 def block_batch(ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, *,
@@ -86,6 +99,85 @@ def block_loss(model: DFlashDraftModel, hidden: torch.Tensor, ids: torch.Tensor,
     acc = (hits.sum((0, 1)) / valid.sum((0, 1)).clamp_min(1)).tolist()
     stats = {"loss": float(loss.detach()), **{f"acc_{j + 1}": a for j, a in enumerate(acc)}}
     return loss, stats
+
+
+class DFlashObjective(nn.Module):
+    """The DFlash objective behind the trainer's interface (:class:`~specdraft.train.loop.Trainer`
+    runs it as it runs :class:`~specdraft.train.objective.TTTObjective`): the block's mask slots
+    are the "steps", ``steps = block_size - 1``; slot ``j`` (1-based) is step ``j - 1``, with
+    weight ``exp(-(j - 1) / gamma)`` (:func:`position_weights`).
+
+    A batch is the EAGLE-3 batch (:class:`~specdraft.artifacts.batches.TrainBatch`): the drafter
+    reads ``aux_hidden`` as its target states (the run's aux ids are its ``target_layer_ids + 1``)
+    and ``sup`` is the anchorable set (``loss_mask[a + 1] == 1``). Targets are the row's own
+    tokens at supervised positions (the verifier's answers, regenerated), over the verifier's
+    full vocabulary (a DFlash drafter reads out with the verifier's head); the soft teacher
+    of EAGLE-3 is not used.
+
+    Anchors: ``anchors`` per row, drawn with replacement among the anchorable positions; in
+    training from torch's global generator (saved in every checkpoint: resume is exact), in
+    eval mode from a generator seeded ``eval_seed`` per batch (validation reads the same blocks
+    at every validation). They are drawn once per batch, by :meth:`loss_counts` (which the
+    trainer calls before the forward: the loss is normalised by the global count of supervised
+    slots) and kept on the batch.
+
+    Loss: ``sum_k w_k * CE_k / norm_k``, ``CE_k`` the summed cross-entropy of slot ``k + 1`` over
+    its supervised targets and ``norm_k`` their count in the global batch (so micro-batches and
+    ranks do not change it), the same reduction as the EAGLE-3 objective's steps.
+    """
+
+    def __init__(self, drafter: DFlashDraftModel, *, anchors: int, gamma: float,
+                 eval_seed: int = 0) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.steps = drafter.config.block_size - 1
+        self.weights = position_weights(drafter.config.block_size, gamma).tolist()
+        self.n_anchors = anchors
+        self.eval_seed = eval_seed
+
+    def blocks(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(anchors [B, nb], block_ids [B, nb, Q], targets [B, nb, Q-1]) of ``batch``, drawn on
+        the first call and kept on the batch (``batch.dflash_blocks``)."""
+        cached = getattr(batch, "dflash_blocks", None)
+        if cached is not None:
+            return cached
+        gen = None if self.training else torch.Generator().manual_seed(self.eval_seed)
+        anchors = draw_anchors(batch.sup, self.n_anchors, gen)  # [B, nb]
+        mask = torch.zeros_like(batch.sup, dtype=torch.long)  # loss_mask[p] = sup[p - 1]
+        mask[:, 1:] = batch.sup[:, :-1].long()
+        c = self.drafter.config
+        block_ids, targets = block_batch(batch.input_ids.cpu(), mask.cpu(), anchors,
+                                         block_size=c.block_size,
+                                         mask_token_id=c.mask_token_id)
+        dev = batch.input_ids.device
+        batch.dflash_blocks = (anchors.to(dev), block_ids.to(dev), targets.to(dev))
+        return batch.dflash_blocks
+
+    def loss_counts(self, batch: TrainBatch) -> torch.Tensor:
+        """[S] float: supervised targets of each slot in ``batch`` (draws its blocks)."""
+        targets = self.blocks(batch)[2]
+        return (targets != IGNORE).sum((0, 1)).float()
+
+    def forward(self, batch: TrainBatch, norm: torch.Tensor) -> StepOutput:
+        """The blocks' position-weighted loss; ``norm`` [S] = supervised targets per slot in the
+        global batch (divided by the world size under DDP averaging). Returns
+        :class:`~specdraft.train.objective.StepOutput` with ``hits`` / ``sup`` [S, B, nb]: a
+        block is one column, so the chain counts of :mod:`specdraft.train.metrics` are its
+        greedy acceptance."""
+        anchors, block_ids, targets = self.blocks(batch)
+        out = self.drafter(batch.aux_hidden, block_ids, anchors)  # [B, nb, Q, H]
+        valid = targets != IGNORE  # [B, nb, S]
+        b, n, j = valid.nonzero(as_tuple=True)  # [N] the supervised slots only
+        logits = self.drafter.lm_head(out[b, n, j + 1]).float()  # [N, V]
+        label = targets[b, n, j]
+        ce = F.cross_entropy(logits, label, reduction="none")  # [N]
+        loss_sum = ce.new_zeros(self.steps).index_add(0, j, ce)  # [S]
+        w = torch.tensor(self.weights, device=ce.device)
+        loss = (w * loss_sum / norm.clamp(min=1e-9) * (norm > 0)).sum()
+        hits = torch.zeros_like(valid)
+        hits[b, n, j] = logits.detach().argmax(-1) == label
+        return StepOutput(loss, loss_sum.detach(), hits.permute(2, 0, 1),
+                          valid.permute(2, 0, 1))
 
 
 def overfit(model: DFlashDraftModel, hidden: torch.Tensor, ids: torch.Tensor,

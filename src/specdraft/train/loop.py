@@ -157,9 +157,9 @@ class Trainer:
         mbs = rank_micro_batches(self.plan(self.epoch), self.step_in_epoch, self.env.rank,
                                  self.env.world_size, self.cfg.grad_accum)
         batches = [self.load(mb) for mb in mbs]
+        self.model.train()  # before loss_counts: DFlash draws its training anchors there
         counts = sum(self.objective.loss_counts(b) for b in batches)  # [S]
         norm = all_reduce_sum(counts.clone(), self.env).clamp(min=1) / self.env.world_size
-        self.model.train()
         for i, batch in enumerate(batches):
             sync = i == len(batches) - 1
             ctx = self.model.no_sync() if (not sync and hasattr(self.model, "no_sync")) \

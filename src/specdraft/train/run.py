@@ -158,6 +158,44 @@ def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
     return model
 
 
+def build_dflash_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
+                         head: dict[str, torch.Tensor], identity: dict[str, Any] | None = None
+                         ) -> Any:
+    """A fresh DFlash drafter (:mod:`specdraft.models.dflash`) shaped from the verifier's
+    profile, reading the source's aux layers: HF ``hidden_states`` index ``a`` is layer output
+    ``a - 1``, so ``target_layer_ids = aux_layer_ids - 1`` (vLLM adds the 1 back when it serves
+    it). The verifier's embedding and head are copied into the frozen tables.
+
+    Raises :class:`ConfigError` when an aux id has no layer-output id (0, the embeddings, or the
+    last layer's post-norm state) or the verifier's shape is not one the DFlash layer implements,
+    :class:`InputError` when the source's hidden size or vocab differ from the verifier's."""
+    from specdraft.models.dflash import DFlashConfig, DFlashDraftModel
+
+    n = profile.n_layers
+    aux = list(source.aux_layer_ids)
+    if any(a < 1 or a > n - 1 for a in aux):
+        raise ConfigError(f"aux layer ids {aux}: a DFlash drafter reads layer outputs, HF "
+                          f"hidden_states 1..{n - 1} of this {n}-layer verifier (extract with "
+                          f"--aux-layers inside that range)")
+    mask_id = cfg.dflash_mask_token_id if cfg.dflash_mask_token_id is not None \
+        else profile.vocab_size - 1
+    config = DFlashConfig.from_profile(
+        profile, target_layer_ids=[a - 1 for a in aux], mask_token_id=mask_id,
+        block_size=cfg.dflash_block_size, num_hidden_layers=cfg.dflash_layers,
+        verifier_identity=identity)
+    if source.hidden_size != config.target_hidden_size or \
+            head["lm_head.weight"].shape[0] != config.vocab_size:
+        raise InputError(f"verifier hidden/vocab {config.target_hidden_size}/"
+                         f"{config.vocab_size} but source hidden {source.hidden_size}, head "
+                         f"of {head['lm_head.weight'].shape[0]} rows")
+    torch.manual_seed(cfg.seed)
+    model = DFlashDraftModel(config)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(head["embed_tokens.weight"].float())
+        model.lm_head.weight.copy_(head["lm_head.weight"].float())
+    return model
+
+
 def teacher_verifier(cfg: TrainConfig, verifier: Any, extract_manifest: Any, env: StageContext
                      ) -> tuple[Any, str]:
     """``(model, "")`` for the teacher check's fresh forward — the loaded verifier, else
@@ -236,11 +274,18 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
     extract_manifest = None if cfg.online else load_stage_manifest(extract_dir)
     profile = verifier_profile(cfg, verifier, extract_manifest)
     head = verifier_head(verifier, cfg.run_dir)
-    drafter = build_drafter(cfg, profile, source, head, d2t, t2d,
-                            verifier_identity(cfg, extract_manifest)).to(env.device)
-    objective = TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
-                             loss=cfg.loss, oov_policy=cfg.oov_policy,
-                             align_topk=cfg.align_topk)
+    identity = verifier_identity(cfg, extract_manifest)
+    if cfg.drafter == "dflash":
+        from specdraft.train.dflash_objective import DFlashObjective
+
+        drafter = build_dflash_drafter(cfg, profile, source, head, identity).to(env.device)
+        objective = DFlashObjective(drafter, anchors=cfg.dflash_anchors, gamma=cfg.gamma(),
+                                    eval_seed=cfg.seed)
+    else:
+        drafter = build_drafter(cfg, profile, source, head, d2t, t2d, identity).to(env.device)
+        objective = TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
+                                 loss=cfg.loss, oov_policy=cfg.oov_policy,
+                                 align_topk=cfg.align_topk)
     lengths = row_lengths(source)
     train_idx, val_idx = split_indices(source.keys(), cfg.val_fraction, cfg.seed)
     data = Data(source, Collator(head["lm_head.weight"], d2t, env.device), train_idx, val_idx,
