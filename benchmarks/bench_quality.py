@@ -37,10 +37,12 @@ MT_BENCH = SHARED / "mt_bench" / "question.jsonl"
 
 
 #: ``--drafter``: the train fields of each drafter (docs/drafters.md); all but EAGLE-3 export
-#: as ``vllm`` (SGLang reads none of their fields, so the sglang format refuses them).
+#: as ``vllm`` (SGLang reads none of their fields, so the sglang format refuses them). DFlash:
+#: 2 layers, blocks of 5 (k = 4, as every drafter here is evaluated), the run's aux layers.
 DRAFTERS = {"eagle3": {},
             "eagle3.1": {"norm_before_fc": True, "fc_norm": True, "norm_output": True},
-            "qwen3": {"drafter_layer": "qwen3"}}
+            "qwen3": {"drafter_layer": "qwen3"},
+            "dflash": {"drafter": "dflash", "dflash_block_size": 5, "dflash_layers": 2}}
 
 
 def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 100,
@@ -61,13 +63,15 @@ def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 10
         "prepare": {"max_seq_len": 1024},
         "vocab": {"draft_vocab_size": 8192},
         "extract": {"storage": storage, "batch_tokens": 8192},
-        "train": {"epochs": epochs, "ttt_steps": ttt_steps, "lr": 5e-4, "warmup_steps": 40,
+        "train": {"epochs": epochs, "lr": 5e-4, "warmup_steps": 40,
                   "batch_tokens": 2048, "val_fraction": 0.05, "eval_every": 50,
                   "save_every": 50, "seed": seed, **DRAFTERS[drafter]},
         "export": {"format": "sglang" if drafter == "eagle3" else "vllm"},
         "eval": {"prompts": str(SHARED / "gsm8k" / "test.jsonl"), "limit": eval_limit, "k": 4,
                  "temperature": 0.0, "max_new_tokens": 96, "batch_size": EVAL_BATCH},
     }
+    if drafter != "dflash":  # DFlash has no TTT: one forward drafts the block
+        cfg["train"]["ttt_steps"] = ttt_steps
     if chats is not None:
         cfg["prepare"]["data"] = str(chats)
     if train_dtype is not None:

@@ -189,13 +189,27 @@ def test_export_refuses_a_non_finite_tensor(verifier, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_eagle3_reader_names_a_dflash_export(verifier, tmp_path):
-    """eval / doctor / export read drafters with ``artifacts.drafter.read_drafter``: a DFlash
-    export is refused naming what it is and where it is read, not with a missing EAGLE-3 key."""
+def test_drafter_reader_reads_a_dflash_export_and_doctor_names_it(verifier, tmp_path):
+    """eval / export read drafters with ``artifacts.drafter.read_drafter``: a DFlash export is
+    read as vLLM reads it (format ``dflash``) and built with the verifier's tables into the
+    drafter that was exported (same blocks drafted); the doctor, whose checks are EAGLE-3's,
+    refuses it naming what checks a DFlash drafter instead."""
+    from specdraft.artifacts.checks import check_drafter
     from specdraft.artifacts.dflash_export import export_dflash
-    from specdraft.artifacts.drafter import read_drafter
+    from specdraft.artifacts.drafter import build_model, read_drafter
     from specdraft.core.errors import InputError
+    from specdraft.models.dflash import draft_block
 
-    export_dflash(drafter(verifier), tmp_path / "x")
-    with pytest.raises(InputError, match=r"config.json: a DFlash drafter .*read_dflash"):
-        read_drafter(tmp_path / "x")
+    m = drafter(verifier)
+    export_dflash(m, tmp_path / "x")
+    d = read_drafter(tmp_path / "x")
+    assert d.format == "dflash" and d.config == m.config.__class__(
+        **{**m.config.to_dict(), "verifier_profile": None})
+    with pytest.raises(InputError, match="no lm_head.weight"):
+        build_model(d, verifier_embed=verifier.get_input_embeddings().weight)
+    back = build_model(d, verifier_embed=verifier.get_input_embeddings().weight,
+                       verifier_head=verifier.get_output_embeddings().weight)
+    feats = torch.randn(9, m.config.n_target * m.config.target_hidden_size)
+    assert torch.equal(draft_block(back, feats, 17, 4), draft_block(m, feats, 17, 4))
+    with pytest.raises(InputError, match="a DFlash drafter; the doctor's checks are EAGLE-3's"):
+        check_drafter(tmp_path / "x", "unused", verifier=verifier)

@@ -308,10 +308,19 @@ def subject(target: str | Path, verifier_path: str, *, verifier: Any | None = No
     from specdraft.core.manifest import load_stage_manifest
     from specdraft.core.verifier import load_tokenizer, load_verifier
 
+    from specdraft.artifacts.drafter import is_dflash_drafter
+    from specdraft.core.errors import InputError
+
     layout = RunLayout(target)
     run = layout.root if layout.is_run() else None
+    drafter = read_drafter(layout.drafter() if run else layout.root)
+    if is_dflash_drafter(drafter):
+        raise InputError(f"{drafter.path}: a DFlash drafter; the doctor's checks are EAGLE-3's. "
+                         f"A DFlash drafter is checked by `specdraft export --format vllm` (its "
+                         f"config read back as vLLM reads it, layer ids against the run) and by "
+                         f"`specdraft eval --engine vllm` (vLLM's counts against offline)")
     return Subject(
-        drafter=read_drafter(layout.drafter() if run else layout.root),
+        drafter=drafter,
         verifier=verifier if verifier is not None else load_verifier(verifier_path, dtype=dtype),
         tokenizer=load_tokenizer(verifier_path), run_dir=run,
         extract=load_stage_manifest(run / "extract") if run else None,

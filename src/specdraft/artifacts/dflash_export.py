@@ -139,8 +139,9 @@ def export_problems(model: DFlashDraftModel, cfg: dict[str, Any],
         read = config_from_engine(cfg)
     except (KeyError, ValueError) as err:
         return out + [f"config.json as vLLM reads it: {err}"]
-    want = {**model.config.to_dict(), "verifier_profile": None}
-    got = {**read.to_dict(), "verifier_profile": None}
+    meta = {"verifier_profile": None, "verifier_identity": None}  # provenance, not computation
+    want = {**model.config.to_dict(), **meta}
+    got = {**read.to_dict(), **meta}
     out += [f"{k}: vLLM would read {got[k]!r}, the drafter computes {want[k]!r}"
             for k in want if want[k] != got[k]]
     shapes = expected_shapes(model.config)

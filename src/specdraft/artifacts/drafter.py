@@ -19,7 +19,8 @@ from specdraft.core.jsonl import read_json
 from specdraft.artifacts.formats import FORMAT_SPECS, detect_format, drafter_config_from_export, \
     inverse, rename
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
-from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE, drafter_from_config
+from specdraft.artifacts.dflash_export import ARCH as DFLASH_ARCH, read_dflash
+from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE, drafter_from_config, is_dflash
 
 EXPORT_CONFIG = "config.json"
 EXPORT_WEIGHTS = "model.safetensors"
@@ -54,22 +55,33 @@ def read_drafter(path: str | Path) -> DrafterOnDisk:
         raise InputError(f"{path}: drafter directory not found")
     if (path / CONFIG_FILE).exists():
         raw = _json_object(path / CONFIG_FILE)
+        if is_dflash(raw):  # DFlashConfig.from_dict names every key it does not implement
+            from specdraft.models.dflash import DFlashConfig
+
+            cfg = _config(path / CONFIG_FILE, lambda: DFlashConfig.from_dict(raw), raw)
+            return DrafterOnDisk(path, cfg, _load(path / WEIGHTS_FILE), "specdraft")
         _check_keys(path / CONFIG_FILE, raw)
         cfg = _config(path / CONFIG_FILE, lambda: _config_class(raw).from_dict(raw), raw)
         return DrafterOnDisk(path, cfg, _load(path / WEIGHTS_FILE), "specdraft")
     if (path / EXPORT_CONFIG).exists():
         raw = _json_object(path / EXPORT_CONFIG)
-        if raw.get("architectures") == ["DFlashDraftModel"]:
-            raise InputError(f"{path / EXPORT_CONFIG}: a DFlash drafter (architectures "
-                             f"['DFlashDraftModel']); eval, doctor and export read EAGLE-3 "
-                             f"drafters only: read it with specdraft.artifacts.dflash_export"
-                             f".read_dflash and decode it with specdraft.eval.dflash.decode")
+        if raw.get("architectures") == [DFLASH_ARCH]:  # vLLM's native DFlash format
+            cfg, state = read_dflash(path)
+            return DrafterOnDisk(path, cfg, state, "dflash", raw)
         fmt = detect_format(raw)
         cfg = _config(path / EXPORT_CONFIG, lambda: _export_config(raw, fmt), raw, fmt=fmt)
         state = _export_state(raw, _load(path / EXPORT_WEIGHTS), fmt)
         return DrafterOnDisk(path, cfg, state, fmt, raw)
     raise InputError(f"{path}: neither a specdraft drafter ({CONFIG_FILE}) nor an exported "
                      f"drafter ({EXPORT_CONFIG})")
+
+
+def is_dflash_drafter(d: DrafterOnDisk) -> bool:
+    """``d`` is a DFlash drafter (:mod:`specdraft.models.dflash`), in specdraft's or vLLM's
+    format."""
+    from specdraft.models.dflash import DFlashConfig
+
+    return isinstance(d.config, DFlashConfig)
 
 
 def _json_object(path: Path) -> dict[str, Any]:
@@ -157,18 +169,25 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
 
 
 def build_model(d: DrafterOnDisk, *, verifier_embed: torch.Tensor | None = None,
-                device: str = "cpu", dtype: torch.dtype = torch.float32) -> Eagle3DraftModel:
-    """An :class:`Eagle3DraftModel` with ``d``'s weights. A missing ``embed_tokens.weight`` is
-    taken from ``verifier_embed`` (what the engines do); missing ``d2t``/``t2d`` are refused.
+                verifier_head: torch.Tensor | None = None, device: str = "cpu",
+                dtype: torch.dtype = torch.float32) -> Eagle3DraftModel:
+    """The drafter of ``d``'s kind (:func:`specdraft.models.io.drafter_from_config`) with
+    ``d``'s weights. A missing ``embed_tokens.weight`` is taken from ``verifier_embed`` [V, H]
+    and, for a DFlash drafter (whose export holds neither table), a missing ``lm_head.weight``
+    from ``verifier_head`` [V, H] (what the engines do); missing ``d2t``/``t2d`` are refused.
 
     Raises :class:`InputError` for any other missing or unexpected tensor.
     """
     state = dict(d.state)
-    if "embed_tokens.weight" not in state:
-        if verifier_embed is None:
-            raise InputError(f"{d.path}: no embed_tokens.weight; pass the verifier to share its "
-                             f"embedding")
-        state["embed_tokens.weight"] = verifier_embed
+    shared = {"embed_tokens.weight": verifier_embed}
+    if is_dflash_drafter(d):
+        shared["lm_head.weight"] = verifier_head
+    for name, table in shared.items():
+        if name in state:
+            continue
+        if table is None:
+            raise InputError(f"{d.path}: no {name}; pass the verifier to share its table")
+        state[name] = table
     model = drafter_from_config(d.config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("rotary.")]

@@ -18,7 +18,8 @@ from typing import Any, Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdraft.artifacts.drafter import EXPORT_CONFIG, EXPORT_WEIGHTS, DrafterOnDisk
+from specdraft.artifacts.drafter import EXPORT_CONFIG, EXPORT_WEIGHTS, DrafterOnDisk, \
+    is_dflash_drafter
 from specdraft.artifacts.formats import FORMAT_SPECS, build_config, rename
 from specdraft.artifacts.layout import RunLayout
 from specdraft.artifacts.validate import ExportRefused, check_export
@@ -88,7 +89,9 @@ def upstream_facts(config: ExportRequest) -> dict[str, Any]:
             facts["extract_ids"] = _online_ids(config.run_dir)
         head = RunLayout(config.run_dir).verifier_head
         if head.exists():
-            facts["embed"] = load_file(str(head)).get("embed_tokens.weight")
+            tables = load_file(str(head))
+            facts["embed"] = tables.get("embed_tokens.weight")
+            facts["head"] = tables.get("lm_head.weight")
     if facts["extract_ids"] is None and config.aux_layers:
         facts["extract_ids"] = list(config.aux_layers)
     elif facts["extract_ids"] and config.aux_layers and \
@@ -294,6 +297,8 @@ def validated_candidate(config: ExportRequest, src: DrafterOnDisk) -> Candidate:
     :class:`ConfigError` for ``--aux-layers`` contradicting the extraction, :class:`InputError`
     for a malformed upstream manifest."""
     facts = upstream_facts(config)
+    if is_dflash_drafter(src):
+        return dflash_candidate(config, src, facts)
     cfg, tensors = candidate(config, src.config, src.state, facts)
     profile = drafter_profile(src.config, facts)
     problems = missing_facts(config, src.state, src.config, facts)
@@ -306,6 +311,56 @@ def validated_candidate(config: ExportRequest, src: DrafterOnDisk) -> Candidate:
     problems += check_export(config.format, cfg, tensors, src.config, trained=src.state,
                              verifier_embed=facts["embed"], extract_ids=facts["extract_ids"],
                              n_layers=facts["n_layers"])
+    if problems:
+        raise ExportRefused(problems)
+    return Candidate(cfg, tensors, facts, profile, identity, binding)
+
+
+def dflash_candidate(config: ExportRequest, src: DrafterOnDisk, facts: dict[str, Any]
+                     ) -> Candidate:
+    """The export of a DFlash drafter: vLLM's native format only
+    (:mod:`specdraft.artifacts.dflash_export`), checked against the same facts as an EAGLE-3
+    export (the run's aux ids = ``target_layer_ids + 1``, the verifier's layer count, embedding,
+    profile and identity) and read back as vLLM reads it. The frozen tables are never written
+    (vLLM shares the verifier's). Raises :class:`ExportRefused` listing every problem."""
+    from specdraft.artifacts.dflash_export import engine_config, export_problems
+    from specdraft.models.dflash import DFlashDraftModel
+
+    c = src.config
+    problems = []
+    if config.format != "vllm":
+        problems.append(f"--format {config.format}: a DFlash drafter has one engine format, "
+                        f"vLLM's native DFlash (--format vllm); SGLang does not load it")
+    ids = list(c.aux_layer_ids)
+    if facts["extract_ids"] is not None and ids != facts["extract_ids"]:
+        problems.append(f"the drafter reads HF hidden_states {ids} (target_layer_ids "
+                        f"{list(c.target_layer_ids)} + 1) but the run extracted aux ids "
+                        f"{facts['extract_ids']}: it was trained on other layers; retrain it "
+                        f"on this run")
+    if facts["n_layers"] is not None and facts["n_layers"] != c.target_num_layers:
+        problems.append(f"the drafter was built for a {c.target_num_layers}-layer verifier, "
+                        f"the verifier has {facts['n_layers']}")
+    profile = drafter_profile(c, facts)
+    problems += profile_problems(config, profile, facts)
+    identity = drafter_identity(src.path, c) or facts["extract_identity"]
+    more, binding = identity_problems(config, identity, facts)
+    problems += more + embed_problems(config, src.state, facts["embed"])
+    head = facts.get("head")
+    own = src.state.get("lm_head.weight")
+    if own is not None and head is not None and \
+            (own.shape != head.shape or not torch.equal(own, head.to(own.dtype))):
+        problems.append("the trained state's lm_head.weight is not the verifier's head: the "
+                        "drafter was trained to read out with another head than vLLM shares")
+    model = DFlashDraftModel(c)
+    missing, unexpected = model.load_state_dict(src.state, strict=False)
+    missing = [m for m in missing if not m.startswith(("rotary.", "embed_tokens.", "lm_head."))]
+    if missing or unexpected:
+        problems.append(f"tensors missing {missing}, unexpected {unexpected}")
+    dtype = model.fc.weight.dtype if config.dtype == "auto" else getattr(torch, config.dtype)
+    tensors = {k: v.detach().to(dtype).cpu().contiguous()
+               for k, v in model.checkpoint_state().items()}
+    cfg = engine_config(c, dtype)
+    problems += export_problems(model, cfg, tensors)
     if problems:
         raise ExportRefused(problems)
     return Candidate(cfg, tensors, facts, profile, identity, binding)

@@ -33,6 +33,7 @@ from specdraft.core.verifier import engine_hf_dir, resolve_dtype
 from specdraft.engines.counters import vllm_figures
 from specdraft.engines.process import EngineError, stop
 from specdraft.engines.python import vllm_python
+from specdraft.engines.serve import speculative_method
 from specdraft.eval.acceptance import acceptance_rule
 
 WORKER = Path(__file__).with_name("engine_worker.py")
@@ -153,7 +154,7 @@ def engine_drafter(config: Any, out: Path) -> Path:
     from specdraft.core.manifest import read_manifest
     from specdraft.core.rundir import stage_dir
     from specdraft.eval.run import drafter_dir
-    from specdraft.artifacts.drafter import read_drafter
+    from specdraft.artifacts.drafter import is_dflash_drafter, read_drafter
 
     if config.engine_drafter is not None:
         return Path(config.engine_drafter)
@@ -170,9 +171,10 @@ def engine_drafter(config: Any, out: Path) -> Path:
     # the engine must run the drafter the offline loop ran, with the aux ids it was built with
     # (the offline eval captures those same ids), so they are the facts the export checks against
     drafter = read_drafter(src)
+    vllm_only = is_dflash_drafter(drafter) or drafter.config.draft_layer == "mla"
     request = ExportRequest(verifier=config.verifier, speculative_tokens=config.k,
                             aux_layers=tuple(drafter.config.aux_layer_ids),
-                            format="vllm" if drafter.config.draft_layer == "mla" else "sglang")
+                            format="vllm" if vllm_only else "sglang")
     with write_export(target, validated_candidate(request, drafter)):
         pass
     return target
@@ -182,7 +184,12 @@ def doctor_hints(config: Any, drafter: Path, verifier: Any) -> list[str]:
     """The doctor's failing checks (name: fix) for the engine's drafter, plus the usual causes
     of an offline/engine gap when every check passes."""
     from specdraft.artifacts.checks import check_drafter
+    from specdraft.artifacts.drafter import is_dflash_drafter, read_drafter
 
+    if is_dflash_drafter(read_drafter(drafter)):
+        return ["DFlash drafter: the usual causes are dtype (rerun with --dtype float32) and the "
+                "CPU build's rms_norm bug (engine_fixes in results.json says whether it was "
+                "worked around)"]
     report = check_drafter(drafter, config.verifier, verifier=verifier)
     hints = [f"doctor {c['name']}: {c['detail']} -> {c['fix']}" for c in report["checks"]
              if not c["ok"]]
@@ -207,7 +214,8 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
     job = vllm_job(verifier_dir=vdir, drafter_dir=ddir, prompts=prompt_ids, k=config.k,
                    temperature=config.temperature, max_tokens=config.max_new_tokens,
                    stop_ids=stop_ids, dtype=dtype, seed=config.seed,
-                   draft_sample_method=config.draft_sample_method)
+                   draft_sample_method=config.draft_sample_method,
+                   method=speculative_method(ddir))
     t0 = time.perf_counter()
     print(f"eval: starting vLLM ({python}) with {ddir}", file=sys.stderr)
     res = run_worker(python, job, out, timeout_s=config.engine_timeout_s)

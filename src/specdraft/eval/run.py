@@ -60,8 +60,10 @@ def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
 
     d = read_drafter(drafter_dir(config))
     embed = verifier.get_input_embeddings().weight.detach()
+    head = verifier.get_output_embeddings().weight.detach()
     dtype = torch.float32 if config.dtype in ("auto", "float32") else torch.bfloat16
-    return build_model(d, verifier_embed=embed, device=str(embed.device), dtype=dtype)
+    return build_model(d, verifier_embed=embed, verifier_head=head, device=str(embed.device),
+                       dtype=dtype)
 
 
 def offline_eval(config: EvalConfig, verifier: Any, prompts: list[dict[str, Any]],
@@ -86,7 +88,9 @@ def offline_eval(config: EvalConfig, verifier: Any, prompts: list[dict[str, Any]
             "draft_sample_method": config.draft_sample_method,
             "acceptance_rule": rule,
             "aux_layer_ids": list(model.config.aux_layer_ids),
-            "draft_vocab_size": model.config.draft_vocab_size, **_tree_figures(config, gens),
+            "draft_vocab_size": getattr(model.config, "draft_vocab_size",
+                                        model.config.vocab_size),
+            **_tree_figures(config, gens),
             **_serve_plan(config, verifier, model, prompts, eos)}
 
 
@@ -130,6 +134,8 @@ def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[
     from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
 
     aux = model.config.aux_layer_ids
+    if is_dflash_model(model):
+        return decode_dflash(config, verifier, model, prompt_ids, eos)
     if config.tree:
         from specdraft.eval.plan import decode_setting
         from specdraft.eval.shapes import Setting
@@ -147,6 +153,40 @@ def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[
                               **common)
     return [generate(VerifierSession(verifier, aux), EagleDrafter(model), ids, generator=g,
                      **common) for ids, g in zip(prompt_ids, gens)]
+
+
+def is_dflash_model(model: Any) -> bool:
+    from specdraft.models.dflash import DFlashDraftModel
+
+    return isinstance(model, DFlashDraftModel)
+
+
+def decode_dflash(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[int]],
+                  eos: list[int]) -> list[Any]:
+    """:func:`decode` for a DFlash drafter (:mod:`specdraft.eval.dflash`): one block of ``k``
+    mask slots per verify step, greedy, one prompt at a time (``--batch-size`` does not apply;
+    the tokens and counts do not depend on it). Raises :class:`ConfigError` for what vLLM does
+    not serve with DFlash: a tree, a serve-plan sweep, temperature > 0 (greedy drafting only,
+    said by the drafter)."""
+    from specdraft.core.errors import ConfigError
+    from specdraft.eval.dflash import DFlashDrafter
+    from specdraft.eval.specdec import VerifierSession, generate
+
+    if config.tree or config.sweep is not None:
+        raise ConfigError("--topk / --num-draft-tokens / --sweep: a DFlash drafter drafts one "
+                          "block, a chain of k; vLLM serves no DFlash tree")
+    if config.batch_size > 1:
+        print("eval: DFlash drafter: prompts decoded one at a time (--batch-size applies to "
+              "EAGLE-3 drafters)", file=sys.stderr)
+    if config.k != model.config.block_size - 1:
+        print(f"eval: warning: k = {config.k} but the DFlash drafter was trained for blocks of "
+              f"{model.config.block_size} (k = {model.config.block_size - 1}): measured and "
+              f"served as asked, with fewer or more mask slots than trained", file=sys.stderr)
+    aux = list(model.config.aux_layer_ids)
+    return [generate(VerifierSession(verifier, aux), DFlashDrafter(model), ids, k=config.k,
+                     max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                     eos_ids=eos, generator=torch.Generator().manual_seed(config.seed + i))
+            for i, ids in enumerate(prompt_ids)]
 
 
 def run(config: EvalConfig, ctx: StageContext | None = None, *,
