@@ -130,3 +130,45 @@ def test_objective_counts_by_hand():
     assert out.hits.shape == out.sup.shape == (2, 1, 2)
     assert out.sup.sum().item() == counts.sum().item()
     assert obj.weights == pytest.approx([1.0, torch.exp(torch.tensor(-1.0)).item()])
+
+
+def test_export_checks_a_dflash_drafter_against_the_run(run_dir, verifier, source, tmp_path):
+    """The trained drafter exports in vLLM's format only, and only against the aux ids it was
+    trained on (both refusals name the cause; nothing written)."""
+    from specdraft.artifacts.drafter import read_drafter
+    from specdraft.artifacts.export import ExportRequest, validated_candidate
+    from specdraft.artifacts.validate import ExportRefused
+
+    run(cfg(run_dir, max_steps=2), verifier=verifier, source=source)
+    src = read_drafter(run_dir / "train" / "last")
+    good = validated_candidate(ExportRequest(format="vllm", aux_layers=(1, 2, 3)), src)
+    assert good.config["dflash_config"]["target_layer_ids"] == [0, 1, 2]
+    assert not any(k.startswith(("embed_tokens", "lm_head")) for k in good.tensors)
+    with pytest.raises(ExportRefused, match="--format sglang: a DFlash drafter has one engine"):
+        validated_candidate(ExportRequest(format="sglang", aux_layers=(1, 2, 3)), src)
+    with pytest.raises(ExportRefused, match=r"reads HF hidden_states \[1, 2, 3\].*extracted aux "
+                                            r"ids \[1, 2, 4\]"):
+        validated_candidate(ExportRequest(format="vllm", aux_layers=(1, 2, 4)), src)
+
+
+def test_run_config_defaults_for_dflash(tmp_path):
+    """``train.drafter: dflash`` in a run config: export format vllm and eval k = block - 1
+    unless given; an explicit sglang export is refused before any stage runs."""
+    import yaml
+
+    from specdraft.pipeline.config import PipelineConfig
+
+    def load(**sections):
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump({"run_dir": str(tmp_path / "r"),
+                                        "generate": {"prompts": "builtin:demo_train"},
+                                        "eval": {"prompts": "builtin:demo_eval"}, **sections}))
+        return PipelineConfig.from_yaml(path)
+
+    c = load(train={"drafter": "dflash", "dflash_block_size": 6})
+    assert (c.stages["export"].format, c.stages["eval"].k) == ("vllm", 5)
+    assert str(c.stages["eval"].drafter).endswith("export/vllm")
+    assert load(train={"drafter": "dflash"}, eval={"prompts": "builtin:demo_eval", "k": 3}
+                ).stages["eval"].k == 3
+    with pytest.raises(ConfigError, match=r"\[export\]: format 'sglang' with train.drafter"):
+        load(train={"drafter": "dflash"}, export={"format": "sglang"})
