@@ -80,3 +80,15 @@ def make_drafter(verifier, *, layers: int = 2, seed: int = 2, norm_spread: float
                 p.copy_(1 + norm_spread * torch.randn(p.shape))
     model.set_verifier_tables(verifier)
     return model
+
+
+def edit_export(src: Path, dst: Path, edit) -> Path:
+    """A copy of the DFlash export ``src`` at ``dst`` with ``edit(dflash_config)`` applied to its
+    ``config.json`` (a planted fault); returns ``dst``."""
+    import json
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg["dflash_config"])
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst

@@ -24,7 +24,6 @@ differ, offline and in vLLM alike) and by the objective's own test of the mask
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+from dflash_kit import edit_export  # noqa: E402
 from engine_kit import MAX_TOKENS, QUESTIONS, write_prompts  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -73,14 +73,6 @@ def _offline(run_dir: Path, drafter: Path, out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-def _plant(export: Path, dst: Path, edit) -> Path:
-    shutil.copytree(export, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    edit(cfg["dflash_config"])
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
-    return dst
-
-
 def test_dflash_run_trains_exports_and_passes_the_gate_in_vllm(dflash_run):
     export = dflash_run / "export" / "vllm"
     cfg = json.loads((export / "config.json").read_text())
@@ -105,7 +97,7 @@ def test_wrong_target_layer_ids_fall_below_the_gate(dflash_run, tmp_path):
     def edit(d):
         d["target_layer_ids"] = [i + 1 for i in d["target_layer_ids"]]
 
-    planted = _plant(dflash_run / "export" / "vllm", tmp_path / "planted", edit)
+    planted = edit_export(dflash_run / "export" / "vllm", tmp_path / "planted", edit)
     good = json.loads((dflash_run / "eval" / "results.json").read_text())
     bad = _offline(dflash_run, planted, tmp_path / "eval")
     print("ids + 1", bad["per_position"], "good", good["per_position"])

@@ -24,7 +24,6 @@ Checked:
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -32,8 +31,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dflash_kit import (K, NEW, greedy_rows, make_drafter, make_qwen3_verifier, prompts,  # noqa: E402
-                        target_states)
+from dflash_kit import (K, NEW, edit_export, greedy_rows, make_drafter,  # noqa: E402
+                        make_qwen3_verifier, prompts, target_states)
 
 pytestmark = pytest.mark.slow
 #: Training steps (lr 3e-3, 8 random anchors per row), HALF_STEPS then STEPS more (a fresh
@@ -43,16 +42,6 @@ pytestmark = pytest.mark.slow
 #: Faults: ids + 1 -> 122 of 276 over 69 steps; causal -> 54 blocks differ offline (53 in the
 #: engine), 157 steps; the CPU rms_norm bug unfixed -> 69 blocks differ, 159 steps.
 HALF_STEPS, STEPS = 20, 60
-
-
-def _edit(src: Path, dst: Path, edit) -> Path:
-    import shutil
-
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    edit(cfg["dflash_config"])
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
-    return dst
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +62,9 @@ def served(tmp_path_factory, vllm_python, smollm2_tokenizer_dir):
     log += overfit(drafter, states, ids, mask, steps=STEPS, seed=1)
     print("train first/half/last:", log[0], log[HALF_STEPS - 1], log[-1])
     export_dflash(drafter, root / "export")
-    shifted = _edit(root / "export", root / "shifted", lambda d: d.update(
+    shifted = edit_export(root / "export", root / "shifted", lambda d: d.update(
         target_layer_ids=[i + 1 for i in d["target_layer_ids"]]))
-    causal = _edit(root / "half", root / "causal", lambda d: d.update(causal=True))
+    causal = edit_export(root / "half", root / "causal", lambda d: d.update(causal=True))
     runs = [{"name": "plain", "drafter": None, "k": 0},
             {"name": "untrained", "drafter": str(root / "untrained"), "k": K, "method": "dflash"},
             {"name": "half", "drafter": str(root / "half"), "k": K, "method": "dflash",

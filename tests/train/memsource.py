@@ -98,3 +98,27 @@ def write_vocab(run_dir: Path, samples, vocab_size: int, drop: tuple[int, ...] =
     save_file({"d2t": d2t, "t2d": t2d}, str(run_dir / "vocab" / "vocab_map.safetensors"))
     write_stub_manifest(run_dir / "vocab", "vocab")
     return ids
+
+
+def crash_then_resume(run, make_cfg, a, b, kw, *, verifier, source, monkeypatch,
+                      crash_at: int = 6) -> dict:
+    """Train ``make_cfg(a, **kw)`` uninterrupted, then ``make_cfg(b, **kw)`` killed
+    (KeyboardInterrupt) before step ``crash_at`` and resumed with ``resume=True``; returns the
+    resumed run's manifest (the caller compares ``a`` and ``b``)."""
+    import pytest
+
+    from specdraft.train import loop
+
+    run(make_cfg(a, **kw), verifier=verifier, source=source)
+    real = loop.Trainer.train_step
+
+    def crash(self, window):
+        if self.step == crash_at:
+            raise KeyboardInterrupt("killed")
+        return real(self, window)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run(make_cfg(b, **kw), verifier=verifier, source=source)
+    monkeypatch.setattr(loop.Trainer, "train_step", real)
+    return run(make_cfg(b, resume=True, **kw), verifier=verifier, source=source)

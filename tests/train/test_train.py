@@ -13,7 +13,6 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.core.atomic import atomic_write_json
-from specdraft.train import loop
 from specdraft.train.config import TrainConfig
 from specdraft.train.run import run
 
@@ -71,26 +70,14 @@ def test_loss_falls_and_step0_accuracy_rises(run_dir, verifier, source):
 
 def test_exact_resume_after_a_crash(tmp_path, corpus, verifier, source, monkeypatch):
     """Uninterrupted 12 steps == crash after step 6 (checkpoint at 4) + --resume."""
-    from memsource import write_vocab
+    from memsource import crash_then_resume, write_vocab
 
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
         write_vocab(d, corpus, 1024)
     kw = dict(max_steps=12, save_every=4, eval_every=4, log_every=1, grad_accum=2)
-    run(cfg(a, **kw), verifier=verifier, source=source)
-
-    real = loop.Trainer.train_step
-
-    def crash(self, window):
-        if self.step == 6:
-            raise KeyboardInterrupt("killed")
-        return real(self, window)
-
-    monkeypatch.setattr(loop.Trainer, "train_step", crash)
-    with pytest.raises(KeyboardInterrupt):
-        run(cfg(b, **kw), verifier=verifier, source=source)
-    monkeypatch.setattr(loop.Trainer, "train_step", real)
-    m = run(cfg(b, resume=True, **kw), verifier=verifier, source=source)
+    m = crash_then_resume(run, cfg, a, b, kw, verifier=verifier, source=source,
+                          monkeypatch=monkeypatch)
     assert m["resumed"]
     wa, wb = weights(a / "train" / "last"), weights(b / "train" / "last")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -10,7 +10,6 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.core.errors import ConfigError
-from specdraft.train import loop
 from specdraft.train.config import TrainConfig
 from specdraft.train.run import run
 
@@ -53,25 +52,14 @@ def test_dflash_trains_and_saves_a_self_contained_drafter(run_dir, verifier, sou
 def test_dflash_resumes_exactly(tmp_path, corpus, verifier, source, monkeypatch):
     """Uninterrupted 12 steps == a crash after step 6 (checkpoint at 4) + --resume: the
     anchors come from torch's generator, which the checkpoint saves."""
-    from memsource import write_vocab
+    from memsource import crash_then_resume, write_vocab
 
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
         write_vocab(d, corpus, 1024)
     kw = dict(max_steps=12, save_every=4, eval_every=4, log_every=1)
-    run(cfg(a, **kw), verifier=verifier, source=source)
-    real = loop.Trainer.train_step
-
-    def crash(self, window):
-        if self.step == 6:
-            raise KeyboardInterrupt("killed")
-        return real(self, window)
-
-    monkeypatch.setattr(loop.Trainer, "train_step", crash)
-    with pytest.raises(KeyboardInterrupt):
-        run(cfg(b, **kw), verifier=verifier, source=source)
-    monkeypatch.setattr(loop.Trainer, "train_step", real)
-    assert run(cfg(b, resume=True, **kw), verifier=verifier, source=source)["resumed"]
+    assert crash_then_resume(run, cfg, a, b, kw, verifier=verifier, source=source,
+                             monkeypatch=monkeypatch)["resumed"]
     wa = load_file(str(a / "train" / "last" / "drafter.safetensors"))
     wb = load_file(str(b / "train" / "last" / "drafter.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
