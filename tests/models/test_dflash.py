@@ -213,3 +213,36 @@ def test_drafter_reader_reads_a_dflash_export_and_doctor_names_it(verifier, tmp_
     assert torch.equal(draft_block(back, feats, 17, 4), draft_block(m, feats, 17, 4))
     with pytest.raises(InputError, match="a DFlash drafter; the doctor's checks are EAGLE-3's"):
         check_drafter(tmp_path / "x", "unused", verifier=verifier)
+
+
+def test_batched_offline_decode_equals_batch_1(verifier):
+    """``eval --batch-size 3`` with a DFlash drafter (:class:`BatchDFlashDrafter`, rows of
+    different lengths in one block forward) commits the same tokens and counts the same
+    acceptances as one prompt at a time, on a drafter trained to accept some drafts."""
+    from specdraft.eval.batch import BatchVerifier, generate_batch
+    from specdraft.eval.dflash import BatchDFlashDrafter, DFlashDrafter
+    from specdraft.eval.specdec import VerifierSession, generate
+    from specdraft.train.dflash_objective import overfit
+
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(8, 128, (n,), generator=g).tolist() for n in (5, 9, 7, 6)]
+    m = drafter(verifier)
+    with torch.no_grad():  # the verifier's greedy answers to the same-length prompts 0 and 3
+        rows = verifier.generate(torch.tensor([prompts[0][:5], prompts[3][:5]]),
+                                 do_sample=False, max_new_tokens=16, min_new_tokens=16,
+                                 attention_mask=torch.ones(2, 5, dtype=torch.long),
+                                 pad_token_id=0)
+        states = torch.cat([verifier(rows, output_hidden_states=True).hidden_states[i]
+                            for i in m.config.hf_hidden_ids()], -1)
+    mask = torch.zeros_like(rows)
+    mask[:, 5:] = 1
+    overfit(m, states, rows, mask, steps=40)
+    ids = m.config.hf_hidden_ids()
+    one = [generate(VerifierSession(verifier, ids), DFlashDrafter(m), p, k=K,
+                    max_new_tokens=16) for p in prompts]
+    many = generate_batch(BatchVerifier(verifier, ids), BatchDFlashDrafter(m), prompts,
+                          batch_size=3, k=K, max_new_tokens=16)
+    assert sum(g.stats.accepted for g in one) > 0
+    for a, b in zip(one, many):
+        assert a.tokens == b.tokens
+        assert [s.accepted for s in a.stats.steps] == [s.accepted for s in b.stats.steps]

@@ -52,6 +52,56 @@ class DFlashDrafter:
         return drafts, None
 
 
+class BatchDFlashDrafter:
+    """:class:`~specdraft.eval.batch.BatchDrafter` of a DFlash model: each row keeps its context
+    states (a :class:`DFlashDrafter`), and one forward drafts every row's block. Rows are
+    right-padded to the longest context; row ``b``'s block is anchored at its own length
+    ``T_b``, so its queries see columns ``t < T_b`` only (:func:`~specdraft.models.dflash.block_mask`)
+    and padding is never attended: the same block as :func:`~specdraft.models.dflash.draft_block`
+    alone, up to the float reduction order of the batched matmuls."""
+
+    def __init__(self, model: DFlashDraftModel) -> None:
+        self.model = model
+        self.rows: list[DFlashDrafter] = []
+
+    def single(self) -> DFlashDrafter:
+        return DFlashDrafter(self.model)
+
+    def add(self, drafter: DFlashDrafter) -> None:
+        self.rows.append(drafter)
+
+    def select(self, rows: list[int]) -> None:
+        self.rows = [self.rows[i] for i in rows]
+
+    def observe(self, feats: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append row b's first ``counts[b]`` states of ``feats`` [B, m, n*Ht] to its context."""
+        for b, row in enumerate(self.rows):
+            n = int(counts[b])
+            row.observe(len(row.feats), feats[b, :n], tokens[b, :n])
+
+    @torch.inference_mode()
+    def propose(self, contexts: list[torch.Tensor], k: int, temperature: float,
+                generators: list[torch.Generator | None]) -> tuple[torch.Tensor, None]:
+        """[B, k] greedy drafts, one block per row anchored at its last committed token."""
+        if temperature > 0:
+            self.rows[0].propose(contexts[0], k, temperature, generators[0])  # its refusal
+        lengths = [len(r.feats) for r in self.rows]
+        for row, ctx in zip(self.rows, contexts):
+            if len(ctx) != len(row.feats) + 1:
+                raise RuntimeError(f"DFlash drafter: {len(row.feats)} context states for "
+                                   f"{len(ctx)} committed tokens (expected one fewer)")
+        m, dev = self.model, self.model.fc.weight.device
+        width = m.config.n_target * m.config.target_hidden_size
+        hidden = torch.zeros(len(self.rows), max(lengths), width)
+        for b, row in enumerate(self.rows):
+            hidden[b, :lengths[b]] = row.feats
+        ids = torch.tensor([[[int(c[-1])] + [m.config.mask_token_id] * k] for c in contexts],
+                           device=dev)  # [B, 1, k+1]
+        anchors = torch.tensor(lengths, device=dev)[:, None]  # [B, 1]
+        out = m(hidden.to(dev), ids, anchors)  # [B, 1, k+1, H]
+        return m.lm_head(out[:, 0, 1:]).float().argmax(-1).cpu(), None  # [B, k]
+
+
 def decode(verifier, model: DFlashDraftModel, prompts: Sequence[Sequence[int]], *, k: int,
            max_new_tokens: int, eos_ids: Sequence[int] = (),
            drafts: list[list[list[int]]] | None = None) -> list[Generation]:
