@@ -182,10 +182,13 @@ def run_child(cmd: list[str], env: dict, result: Path, log: Path) -> dict:
             "load": load}
 
 
-def child_env(threads: int, src: Path | None) -> dict:
-    """The environment of a child: ``threads`` OpenMP threads; specdraft from ``src`` (none:
-    the peer, which must not see specdraft)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+def child_env(threads: int, src: Path | None, *, pin: bool = True) -> dict:
+    """The environment of a child: ``threads`` OpenMP/MKL threads (``pin`` False: the
+    environment as it is, as an independent launcher would run it); specdraft from ``src``
+    (none: the peer, which must not see specdraft)."""
+    env = {**os.environ}
+    if pin:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.pop("PYTHONPATH", None)
     if src is not None:
         env["PYTHONPATH"] = str(src)
@@ -219,6 +222,10 @@ def main() -> None:
     ap.add_argument("--before-src", type=Path, default=None,
                     help="also time specdraft from this src/ tree (e.g. the previous commit's, "
                          "`git archive HEAD~1 src | tar -x -C DIR`): before/after a change")
+    ap.add_argument("--peer-unpinned", action="store_true",
+                    help="also time speculators launched as an independent launcher would: no "
+                         "OMP/MKL_NUM_THREADS in its environment, no torch.set_num_threads "
+                         "(the run named speculators-unpinned)")
     ap.add_argument("--child", choices=["specdraft"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -239,15 +246,21 @@ def main() -> None:
                                        a.work / "peer-save", aux=list(AUX), draft_vocab=K,
                                        seq=a.seq, ttt=3, epochs=1, lr=1e-4)]}
     srcs = {"specdraft": REPO / "src", "speculators": None}
+    pinned = {name: True for name in cmds}
+    if a.peer_unpinned:
+        unpinned = list(cmds["speculators"])
+        i = unpinned.index("--threads")
+        cmds["speculators-unpinned"] = unpinned[:i] + unpinned[i + 2:]
+        srcs["speculators-unpinned"], pinned["speculators-unpinned"] = None, False
     if a.before_src:
         cmds["specdraft-before"] = cmds["specdraft"]
         srcs["specdraft-before"] = a.before_src / "src"
-    runs: dict[str, list[dict]] = {k: [] for k in cmds if a.only in (None, k)}
+    runs: dict[str, list[dict]] = {k: [] for k in cmds if a.only in (None, k.split("-")[0])}
     for rep in range(a.reps):
         for name in runs:
-            res = a.work / ("res-peer.json" if name == "speculators" else "res-sd.json")
-            r = run_child(cmds[name], child_env(a.threads, srcs[name]), res,
-                          a.work / f"log-{name}-{rep}.txt")
+            res = a.work / ("res-peer.json" if name.startswith("speculators") else "res-sd.json")
+            r = run_child(cmds[name], child_env(a.threads, srcs[name], pin=pinned.get(name, True)),
+                          res, a.work / f"log-{name}-{rep}.txt")
             runs[name].append(r)
             print(json.dumps({"run": name, "rep": rep, "seq": a.seq, **r}), flush=True)
     print(f"\nbench_train_peer: seq {a.seq}, TTT 3, draft vocab {K}, V {V}, {a.threads} threads, "
