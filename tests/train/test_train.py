@@ -112,17 +112,20 @@ def test_online_equals_offline(tmp_path, corpus, verifier, source):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_process_gloo_ddp_equals_one_process(tmp_path, parallel):
+@pytest.mark.parametrize("parallel, drafter", [("ddp", "eagle3"), ("fsdp", "eagle3"),
+                                               ("ddp", "dflash")])
+def test_two_process_gloo_ddp_equals_one_process(tmp_path, parallel, drafter):
     """torchrun --nproc-per-node 2 (grad_accum 1) == 1 process (grad_accum 2): same weights,
-    with DDP and with FSDP2 (fully_shard)."""
+    with DDP and with FSDP2 (fully_shard); for DFlash too (its anchors are drawn per row from
+    the step and the row's tokens, so they do not depend on the split)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
     worker = str(HERE / "ddp_worker.py")
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, worker, str(one), "2"], check=True, env=env, timeout=600)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    "--master-port", str(free_port()), worker, str(two), "1", parallel], check=True, env=env,
+    subprocess.run([sys.executable, worker, str(one), "2", "ddp", drafter], check=True, env=env,
                    timeout=600)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                    "--master-port", str(free_port()), worker, str(two), "1", parallel, drafter],
+                   check=True, env=env, timeout=600)
     w1, w2 = weights(one / "train" / "last"), weights(two / "train" / "last")
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-6)

@@ -51,7 +51,7 @@ def test_dflash_trains_and_saves_a_self_contained_drafter(run_dir, verifier, sou
 
 def test_dflash_resumes_exactly(tmp_path, corpus, verifier, source, monkeypatch):
     """Uninterrupted 12 steps == a crash after step 6 (checkpoint at 4) + --resume: the
-    anchors come from torch's generator, which the checkpoint saves."""
+    anchors are drawn from the step and the row (DFlashObjective.row_generator)."""
     from memsource import crash_then_resume, write_vocab
 
     a, b = tmp_path / "a", tmp_path / "b"

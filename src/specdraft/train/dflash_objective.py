@@ -114,12 +114,14 @@ class DFlashObjective(nn.Module):
     full vocabulary (a DFlash drafter reads out with the verifier's head); the soft teacher
     of EAGLE-3 is not used.
 
-    Anchors: ``anchors`` per row, drawn with replacement among the anchorable positions; in
-    training from torch's global generator (saved in every checkpoint: resume is exact), in
-    eval mode from a generator seeded ``eval_seed`` per batch (validation reads the same blocks
-    at every validation). They are drawn once per batch, by :meth:`loss_counts` (which the
-    trainer calls before the forward: the loss is normalised by the global count of supervised
-    slots) and kept on the batch.
+    Anchors: ``anchors`` per row, drawn with replacement among the anchorable positions, from a
+    generator of the row alone: seeded by ``seed``, the optimizer step (:attr:`step`, set by the
+    trainer; a fixed value in eval mode, so validation reads the same blocks every time) and the
+    row's supervised tokens. So a row gets the same blocks at a given step whichever micro-batch
+    or rank it lands in, and after a resume (DDP and gradient accumulation split the global batch
+    without changing it, as for EAGLE-3). They are drawn once per batch, by :meth:`loss_counts`
+    (which the trainer calls before the forward: the loss is normalised by the global count of
+    supervised slots) and kept on the batch.
 
     Loss: ``sum_k w_k * CE_k / norm_k``, ``CE_k`` the summed cross-entropy of slot ``k + 1`` over
     its supervised targets and ``norm_k`` their count in the global batch (so micro-batches and
@@ -127,13 +129,22 @@ class DFlashObjective(nn.Module):
     """
 
     def __init__(self, drafter: DFlashDraftModel, *, anchors: int, gamma: float,
-                 eval_seed: int = 0) -> None:
+                 seed: int = 0) -> None:
         super().__init__()
         self.drafter = drafter
         self.steps = drafter.config.block_size - 1
         self.weights = position_weights(drafter.config.block_size, gamma).tolist()
         self.n_anchors = anchors
-        self.eval_seed = eval_seed
+        self.seed = seed
+        self.step = 0  # the optimizer step being taken (Trainer.train_step sets it)
+
+    def row_generator(self, ids: torch.Tensor, sup: torch.Tensor) -> torch.Generator:
+        """The anchors' generator of one row (ids, sup [T]): seeded by ``seed``, the step (-1 in
+        eval mode) and the row's supervised tokens (padding-free: the same row in any batch).
+        Python's hash of a tuple of ints is deterministic across processes."""
+        step = self.step if self.training else -1
+        key = hash((self.seed, step, tuple(ids[sup].tolist())))
+        return torch.Generator().manual_seed(key % (2 ** 63))
 
     def blocks(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(anchors [B, nb], block_ids [B, nb, Q], targets [B, nb, Q-1]) of ``batch``, drawn on
@@ -141,8 +152,10 @@ class DFlashObjective(nn.Module):
         cached = getattr(batch, "dflash_blocks", None)
         if cached is not None:
             return cached
-        gen = None if self.training else torch.Generator().manual_seed(self.eval_seed)
-        anchors = draw_anchors(batch.sup, self.n_anchors, gen)  # [B, nb]
+        ids_cpu, sup_cpu = batch.input_ids.cpu(), batch.sup.cpu()
+        anchors = torch.cat([draw_anchors(sup_cpu[b:b + 1], self.n_anchors,
+                                          self.row_generator(ids_cpu[b], sup_cpu[b]))
+                             for b in range(len(sup_cpu))])  # [B, nb]
         mask = torch.zeros_like(batch.sup, dtype=torch.long)  # loss_mask[p] = sup[p - 1]
         mask[:, 1:] = batch.sup[:, :-1].long()
         c = self.drafter.config

@@ -157,7 +157,8 @@ class Trainer:
         mbs = rank_micro_batches(self.plan(self.epoch), self.step_in_epoch, self.env.rank,
                                  self.env.world_size, self.cfg.grad_accum)
         batches = [self.load(mb) for mb in mbs]
-        self.model.train()  # before loss_counts: DFlash draws its training anchors there
+        self.model.train()  # before loss_counts: DFlash draws its training anchors there,
+        self.objective.step = self.step  # from generators seeded by the step (and the row)
         counts = sum(self.objective.loss_counts(b) for b in batches)  # [S]
         norm = all_reduce_sum(counts.clone(), self.env).clamp(min=1) / self.env.world_size
         for i, batch in enumerate(batches):

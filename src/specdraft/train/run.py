@@ -280,7 +280,7 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
 
         drafter = build_dflash_drafter(cfg, profile, source, head, identity).to(env.device)
         objective = DFlashObjective(drafter, anchors=cfg.dflash_anchors, gamma=cfg.gamma(),
-                                    eval_seed=cfg.seed)
+                                    seed=cfg.seed)
     else:
         drafter = build_drafter(cfg, profile, source, head, d2t, t2d, identity).to(env.device)
         objective = TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
