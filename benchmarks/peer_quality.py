@@ -159,5 +159,5 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
               f"{ci.high:.3f} over prompts, paired bootstrap)")
     print(f"  train wall time (s): specdraft {t_ours:.0f}, speculators {t_peer:.0f} "
           f"(its process, imports included)")
-    goal = ours["gsm8k"]["tau"] >= 1.1 * peer["gsm8k"]["tau"]
-    print(f"  goal specdraft tau >= 1.10 x speculators' on GSM8K: {'MET' if goal else 'NOT MET'}")
+    goal = ours["gsm8k"]["tau"] >= 1.25 * peer["gsm8k"]["tau"]
+    print(f"  goal specdraft tau >= 1.25 x speculators' on GSM8K: {'MET' if goal else 'NOT MET'}")

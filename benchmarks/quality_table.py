@@ -1,0 +1,53 @@
+"""The drafter comparison table of docs/benchmarks.md from ``bench_quality.py`` run directories.
+
+    python benchmarks/quality_table.py B/eagle3 B/eagle3.1 B/qwen3 B/dflash [--peer B/eagle3]
+
+The first directory is the reference. For each run: τ and per-position acceptance on GSM8K
+test (``RUN/eval``) and MT-bench (``RUN/eval-mtbench``), train seconds, and τ's ratio to the
+reference's with its paired 95 % bootstrap interval over prompts
+(:func:`specdraft.eval.compare.tau_ratio_ci`). ``--peer RUN``: also speculators' drafter of
+``RUN/peer`` (``bench_quality.py --peer``), as a row and as the reference of a second ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specdraft.eval.compare import tau_ratio_ci
+
+SETS = {"gsm8k": ("eval", "peer/eval-gsm8k"), "mt": ("eval-mtbench", "peer/eval-mtbench")}
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--peer", type=Path, default=None)
+    a = ap.parse_args()
+    rows = {r.name: {s: r / d[0] / "results.json" for s, d in SETS.items()} for r in a.runs}
+    seconds = {r.name: load(r / "train" / "manifest.json")["elapsed_s"] for r in a.runs}
+    if a.peer is not None:
+        rows["speculators"] = {s: a.peer / d[1] / "results.json" for s, d in SETS.items()}
+        seconds["speculators"] = load(a.peer / "peer" / "trained.json")["seconds"]
+    refs = [a.runs[0].name] + (["speculators"] if a.peer is not None else [])
+    for s in SETS:
+        print(f"\n{s}: tau [per position]   " + "   ".join(f"ratio to {r}" for r in refs)
+              + "   train s")
+        for name, files in rows.items():
+            res = load(files[s])
+            pos = ", ".join(f"{p:.3f}" for p in res["per_position"])
+            ratios = []
+            for ref in refs:
+                ci = tau_ratio_ci(res, load(rows[ref][s]))
+                ratios.append(f"{ci.ratio:.3f} [{ci.low:.3f}, {ci.high:.3f}]")
+            print(f"  {name:<12} {res['tau']:.3f} [{pos}]   " + "   ".join(ratios)
+                  + f"   {seconds[name]:.0f}")
+
+
+if __name__ == "__main__":
+    main()
