@@ -69,8 +69,8 @@ def test_dflash_resumes_exactly(tmp_path, corpus, verifier, source, monkeypatch)
 @pytest.mark.parametrize("given, flag", [
     (dict(drafter="dflash", ttt_steps=3), "--ttt-steps"),
     (dict(drafter="dflash", norm_output=True), "--norm-output"),
-    (dict(dflash_layers=2), "--dflash-layers"),
-    (dict(drafter="eagle3", dflash_block_size=8), "--dflash-block-size")])
+    (dict(dflash_layers=3), "--dflash-layers"),
+    (dict(drafter="eagle3", dflash_block_size=6), "--dflash-block-size")])
 def test_a_setting_of_the_other_drafter_is_refused(tmp_path, given, flag):
     with pytest.raises(ValueError, match=flag):
         TrainConfig(run_dir=tmp_path, **given)

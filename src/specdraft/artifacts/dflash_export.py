@@ -56,6 +56,19 @@ _LAYER = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim
 _DFLASH_KEYS = {"mask_token_id", "target_layer_ids", "causal", "use_aux_hidden_state"}
 
 
+def speculative_method(export_dir: str | Path) -> str:
+    """vLLM's ``speculative_config.method`` for the export at ``export_dir``: ``dflash`` when its
+    ``config.json`` names vLLM's DFlash architecture (:data:`ARCH`), else ``eagle3``. Reads the
+    config only; an unreadable one is ``eagle3`` (the loaders that read the export say what is
+    wrong with it)."""
+    try:
+        cfg = json.loads((Path(export_dir) / CONFIG).read_text())
+    except (OSError, ValueError):
+        return "eagle3"
+    return "dflash" if isinstance(cfg, dict) and cfg.get("architectures") == [ARCH] \
+        else "eagle3"
+
+
 def engine_config(c: DFlashConfig, dtype: torch.dtype) -> dict[str, Any]:
     """``config.json`` of ``c`` for vLLM (module doc: every key it reads, written explicitly)."""
     return {

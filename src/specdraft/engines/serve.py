@@ -8,23 +8,11 @@ docs/run-dir.md and docs/trees-and-serve-plan.md.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+from specdraft.artifacts.dflash_export import speculative_method
 
 #: HF ids of the verifiers specdraft ships as GGUF (the engines serve the HF checkpoint).
 KNOWN_HF_IDS = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
-
-
-def speculative_method(export_dir: str | Path) -> str:
-    """vLLM's ``speculative_config.method`` for the export at ``export_dir``: ``dflash`` when its
-    ``config.json`` names vLLM's DFlash architecture (:mod:`specdraft.artifacts.dflash_export`),
-    else ``eagle3``. Reads the config only; an unreadable one is ``eagle3`` (the loaders that
-    read the export say what is wrong with it)."""
-    try:
-        cfg = json.loads((Path(export_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return "eagle3"
-    return "dflash" if isinstance(cfg, dict) and \
-        cfg.get("architectures") == ["DFlashDraftModel"] else "eagle3"
 
 
 def serve_commands(export_dir: str, verifier: str, k: int = 3, topk: int = 1,
@@ -32,7 +20,7 @@ def serve_commands(export_dir: str, verifier: str, k: int = 3, topk: int = 1,
     """The command lines to serve the exported drafter: vLLM for a chain of ``k`` drafts
     (``topk`` 1; vLLM 0.32 drafts chains only) and SGLang for a chain or a tree, but only for
     the ``sglang`` export format, the one SGLang loads (docs/drafters.md); the method is the
-    export's (:func:`speculative_method`: a DFlash export is served ``"method": "dflash"``, by
+    export's (:func:`specdraft.artifacts.dflash_export.speculative_method`: a DFlash export is served ``"method": "dflash"``, by
     vLLM only). Empty when no engine serves that combination (a tree of a vllm-format drafter). Flags from the engines' docs,
     see docs/run-dir.md and docs/trees-and-serve-plan.md."""
     commands = []

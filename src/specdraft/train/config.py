@@ -10,8 +10,9 @@ from pydantic import Field, model_validator
 from specdraft.core.config import StageConfig
 
 
-#: Settings that only the EAGLE-3 family reads, and only DFlash reads: giving one for the other
-#: drafter is refused (a flag silently ignored would train something else than asked).
+#: Settings that only the EAGLE-3 family reads, and only DFlash reads: one set to another value
+#: than its default for the other drafter is refused (a setting silently ignored would train
+#: something else than asked).
 EAGLE3_ONLY = frozenset({"ttt_steps", "step_weight", "loss", "align_topk", "oov_policy",
                          "lm_head_init", "attn_impl", "norm_before_residual", "norm_before_fc",
                          "fc_norm", "norm_output", "drafter_layer"})
@@ -143,7 +144,8 @@ class TrainConfig(StageConfig):
             raise ValueError("--online needs --verifier (the model run inside the training step)")
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite exclude each other")
-        given = self.model_fields_set
+        given = {f for f in self.model_fields_set  # a default spelled out (a dumped config)
+                 if getattr(self, f) != type(self).model_fields[f].default}
         other = sorted((EAGLE3_ONLY if self.drafter == "dflash" else DFLASH_ONLY) & given)
         if other:
             flags = ", ".join("--" + f.replace("_", "-") for f in other)
