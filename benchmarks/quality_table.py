@@ -5,7 +5,8 @@
 The first directory is the reference. For each run: τ and per-position acceptance on GSM8K
 test (``RUN/eval``) and MT-bench (``RUN/eval-mtbench``), train seconds, and τ's ratio to the
 reference's with its paired 95 % bootstrap interval over prompts
-(:func:`specdraft.eval.compare.tau_ratio_ci`). ``--peer RUN``: also speculators' drafter of
+(:func:`specdraft.eval.compare.tau_ratio_ci`); a set some run has no results for is named and
+skipped. ``--peer RUN``: also speculators' drafter of
 ``RUN/peer`` (``bench_quality.py --peer``), as a row and as the reference of a second ratio.
 """
 
@@ -36,6 +37,10 @@ def main() -> None:
         seconds["speculators"] = load(a.peer / "peer" / "trained.json")["seconds"]
     refs = [a.runs[0].name] + (["speculators"] if a.peer is not None else [])
     for s in SETS:
+        missing = [n for n, files in rows.items() if not files[s].exists()]
+        if missing:
+            print(f"\n{s}: not measured for {missing} (no {SETS[s][0]}/results.json)")
+            continue
         print(f"\n{s}: tau [per position]   " + "   ".join(f"ratio to {r}" for r in refs)
               + "   train s")
         for name, files in rows.items():
