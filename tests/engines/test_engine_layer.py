@@ -111,3 +111,17 @@ def test_one_counter_formula_for_the_worker_and_the_server():
     assert worker["per_position"] == [0.75, 0.5, 0.25]
     with pytest.raises(process.EngineError, match="did not move"):
         vllm_summary(vllm_counters(metrics(4, 12, 6, [3])), vllm_counters(metrics(4, 12, 6, [3])))
+
+
+def test_equal_counts_give_bit_equal_tau_offline_and_in_the_engine():
+    """3 verify steps that accept 2 drafts: offline τ = committed / steps = 5 / 3 and the
+    engine's from its counters must be the same float, or the float32 gate's "gap == 0" fails on
+    counts that agree (1 + 2/3 is 1.6666666666666665, 5/3 is 1.6666666666666667)."""
+    from specdraft.eval.acceptance import AcceptanceStats
+    from specdraft.eval.engine import figures
+
+    offline = AcceptanceStats()
+    for accepted in (2, 0, 0):
+        offline.add(3, accepted, accepted + 1)
+    engine = figures({"drafts": 3, "draft_tokens": 9, "accepted": 2, "per_pos": [1, 1, 0]})
+    assert offline.tau == engine["tau"] == 5 / 3

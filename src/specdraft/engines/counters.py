@@ -26,7 +26,9 @@ def vllm_figures(drafts: float, draft_tokens: float, accepted: float,
         raise EngineError("vllm:spec_decode_num_drafts did not move: the engine did not "
                           "speculate (is the drafter loaded? --speculative-config; the engine's "
                           "log)")
-    return {"tau": 1.0 + accepted / drafts,
+    # (drafts + accepted) / drafts, not 1 + accepted / drafts: the same integer ratio as offline
+    # eval's committed / verify steps, so equal counts give bit-equal tau (the gap is 0, not 4e-16)
+    return {"tau": (drafts + accepted) / drafts,
             "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
             "per_position": [a / drafts for a in per_pos],
             "verify_steps": int(drafts), "drafted": int(draft_tokens), "accepted": int(accepted),
