@@ -64,7 +64,9 @@ def kimi_server(vllm_python, kimi_verifier, tmp_path_factory):
              "--enforce-eager", "--max-model-len", "512", "--reasoning-parser", "kimi_k2",
              "--reasoning-config", json.dumps({"reasoning_start_str": "<think>",
                                                "reasoning_end_str": "</think>"}),
-             "--max-num-seqs", str(CONCURRENCY)],
+             "--max-num-seqs", str(CONCURRENCY),
+             # float32 MLA on a CPU with AMX: vLLM's default there is bf16-only (engines/vllm_cpu.py)
+             "--attention-backend", "CPU_MLA"],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:

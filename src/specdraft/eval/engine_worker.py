@@ -3,7 +3,8 @@
 vLLM pins its own ``transformers``, so it usually lives in another venv (``.venv-vllm`` here, the
 user's own install on a GPU machine). This module is started as a script by
 :mod:`specdraft.eval.engine` and imports only the standard library, ``torch`` and ``vllm`` —
-never ``specdraft`` (which may not even be importable there).
+never ``specdraft`` (which may not even be importable there); ``specdraft/engines/vllm_cpu.py``, itself
+stdlib and torch only, is loaded by its path (:func:`_vllm_cpu`).
 
 Usage: ``python engine_worker.py JOB.json OUT.json``. The job (written by
 :func:`specdraft.eval.engine.vllm_job`) is::
@@ -116,6 +117,18 @@ def _sample_methods(llm) -> dict:
             "rejection_sample_method": spec.rejection_sample_method}
 
 
+def _vllm_cpu():
+    """``specdraft/engines/vllm_cpu.py``, loaded by path: specdraft may not be installed here."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "engines" / "vllm_cpu.py"
+    spec = importlib.util.spec_from_file_location("specdraft_vllm_cpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_one(job: dict, run: dict) -> dict:
     """One engine: build, generate, read counters, free. Returns the run's output dict."""
     import torch
@@ -125,6 +138,8 @@ def run_one(job: dict, run: dict) -> dict:
     if run.get("drafter"):
         spec = {"method": run.get("method") or "eagle3", "model": run["drafter"],
                 "num_speculative_tokens": int(run["k"])}
+        if spec["method"] == "eagle3":  # an MLA drafter in float32 on an AMX CPU
+            spec.update(_vllm_cpu().draft_attention_kwargs(job["dtype"]))
         if run.get("draft_sample_method"):
             spec["draft_sample_method"] = run["draft_sample_method"]
     temperature = run.get("temperature", job["temperature"])
@@ -132,7 +147,7 @@ def run_one(job: dict, run: dict) -> dict:
     _FIXES_ON["grouped_rms_norm"] = run.get("engine_fixes", True)
     t0 = time.perf_counter()
     llm = vllm.LLM(model=job["verifier"], tokenizer=job["verifier"], dtype=job["dtype"],
-                   enforce_eager=True, speculative_config=spec, seed=job.get("seed", 0),
+                   **_vllm_cpu().attention_kwargs(job["dtype"]), enforce_eager=True, speculative_config=spec, seed=job.get("seed", 0),
                    max_model_len=job.get("max_model_len", 2048), disable_log_stats=False,
                    max_num_seqs=run.get("max_num_seqs", job.get("max_num_seqs", 256)),
                    distributed_executor_backend=job.get("executor", "uni"))

@@ -2,7 +2,8 @@
 
 Run as ``ENGINE_PYTHON -m specdraft.extract.vllm_worker JOB_DIR`` by
 :mod:`specdraft.extract.vllm_backend`, in the vLLM venv (its own transformers), so this module
-imports only stdlib, torch, safetensors and vllm.
+imports only stdlib, torch, safetensors, vllm and
+:mod:`specdraft.engines.vllm_cpu` (what vLLM's CPU build needs told).
 
 ``JOB_DIR/job.json`` holds the engine settings and the row keys; ``JOB_DIR/rows.safetensors``
 the token ids (``ids`` int32 ``[ΣT]``, ``offsets`` int64 ``[n+1]``, ``rows`` int64 ``[n]`` =
@@ -25,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from specdraft.engines.vllm_cpu import attention_kwargs
 
 CONNECTOR = "SpecdraftHiddenStatesConnector"
 CONNECTOR_MODULE = "specdraft.extract.vllm_connector"
@@ -76,6 +79,7 @@ def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
                                           "allow_custom_save_path": True,
                                           "use_synchronization_lock": False}},
     }
+    kwargs.update(attention_kwargs(job["dtype"]))  # an MLA verifier in float32 on an AMX CPU
     kwargs.update(job.get("engine_args") or {})
     return kwargs
 
