@@ -6,11 +6,15 @@ trains a 2-layer DFlash drafter (blocks of K + 1 = 5) until it has memorised the
 exports it in vLLM's native DFlash format (the run's default for this drafter) and evaluates it
 offline and in vLLM (``engine: vllm``, ``"method": "dflash"``) on the same questions.
 
-The gate: the verifier's own answers, which the drafter was trained on, must be drafted right
-(position-1 acceptance >= GATE, as the EAGLE-3 gate of test_overfit_gate.py), with vLLM's counts
-identical to offline. A planted fault on the exported drafter, evaluated the same way
-(offline = vLLM is shown on the good one and by test_dflash_vllm.py), must fall below it:
-target layer ids off by one (the drafter reads other layers than it was trained on).
+The gate: the verifier's own answers, which the drafter was trained on, must be drafted right,
+the whole block and not only its first token: τ >= GATE_TAU = 1 + GATE * K (and position-1
+acceptance >= GATE, as the EAGLE-3 gate of test_overfit_gate.py), with vLLM's counts identical
+to offline. A planted fault on the exported drafter, evaluated the same way (offline = vLLM is
+shown on the good one and by test_dflash_vllm.py), must fall below it: target layer ids off by
+one (the drafter reads other layers than it was trained on). Measured: good [1.0, 0.86, 0.86,
+0.86] (τ 4.57) on two machines; ids + 1 gave position 1 below 0.85 on an AVX-512 CPU but 0.9
+on an AMX one ([0.9, 0.78, 0.6, 0.52], τ 3.80): adjacent layers of this 8-layer verifier are
+alike enough that the first token survives, the block does not, so the gate is on τ.
 
 A causal mask inside the block is NOT caught by this gate, measured: the memorised drafter
 drafts the same tokens causal or not (per position [1.0, 0.86, 0.86, 0.86] both ways). The
@@ -37,6 +41,7 @@ from engine_kit import MAX_TOKENS, QUESTIONS, write_prompts  # noqa: E402
 pytestmark = pytest.mark.slow
 BLOCK = 5  # K + 1: eval and serve k = 4 (the run's default for a DFlash drafter)
 GATE = 0.85
+GATE_TAU = 1 + GATE * (BLOCK - 1)  # 4.4 of at most 5
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +91,7 @@ def test_dflash_run_trains_exports_and_passes_the_gate_in_vllm(dflash_run):
     assert res["k"] == BLOCK - 1 and len(res["per_position"]) == BLOCK - 1
     assert engine["agreement"]["counts_identical"], engine["agreement"]
     assert engine["per_position"] == res["per_position"]
-    assert res["per_position"][0] >= GATE, res["per_position"]
+    assert res["per_position"][0] >= GATE and res["tau"] >= GATE_TAU, res["per_position"]
     summary = (dflash_run / "run" / "summary.txt").read_text()
     spec = json.dumps({"method": "dflash", "model": str(export.resolve()),
                        "num_speculative_tokens": BLOCK - 1})
@@ -101,5 +106,5 @@ def test_wrong_target_layer_ids_fall_below_the_gate(dflash_run, tmp_path):
     good = json.loads((dflash_run / "eval" / "results.json").read_text())
     bad = _offline(dflash_run, planted, tmp_path / "eval")
     print("ids + 1", bad["per_position"], "good", good["per_position"])
-    assert bad["per_position"][0] < GATE <= good["per_position"][0]
+    assert bad["tau"] < GATE_TAU <= good["tau"]
     assert bad["tau"] < good["tau"] - 0.5
