@@ -37,6 +37,7 @@ OTHER_PROGRAMS = {
     "--speculative-config": "vllm serve",
     "--reasoning-parser": "vllm serve (docs/kimi-job.md)",
     "--reasoning-config": "vllm serve (docs/kimi-job.md)",
+    "--attention-backend": "vllm serve (docs/kimi-job.md: float32 MLA on an AMX CPU)",
     "--model-path": "sglang.launch_server",
     "--full-attention-indices": "speculators' DFlash trainer (docs/benchmarks.md)",
     "--num-layers": "speculators' DFlash trainer (docs/benchmarks.md)",
