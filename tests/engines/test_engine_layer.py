@@ -125,3 +125,19 @@ def test_equal_counts_give_bit_equal_tau_offline_and_in_the_engine():
         offline.add(3, accepted, accepted + 1)
     engine = figures({"drafts": 3, "draft_tokens": 9, "accepted": 2, "per_pos": [1, 1, 0]})
     assert offline.tau == engine["tau"] == 5 / 3
+
+
+def test_cpu_mla_backend_only_off_bf16_on_a_cpu_torch():
+    """engines/vllm_cpu.py (this CPU torch): float32 asks for CPU_MLA, for the verifier and an
+    EAGLE-3 draft; bf16 and auto leave vLLM's own choice; the worker's by-path load is the same
+    module's values."""
+    from specdraft.engines import vllm_cpu
+    from specdraft.eval import engine_worker
+
+    assert vllm_cpu.attention_kwargs("float32") == {"attention_config": {"backend": "CPU_MLA"}}
+    assert vllm_cpu.draft_attention_kwargs("float32") == {"attention_backend": "CPU_MLA"}
+    assert vllm_cpu.attention_kwargs("bfloat16") == vllm_cpu.attention_kwargs("auto") == {}
+    assert vllm_cpu.draft_attention_kwargs("bfloat16") == {}
+    loaded = engine_worker._vllm_cpu()
+    assert loaded is engine_worker._vllm_cpu()  # loaded once
+    assert loaded.attention_kwargs("float32") == vllm_cpu.attention_kwargs("float32")

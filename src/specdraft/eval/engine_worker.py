@@ -33,6 +33,7 @@ to compare with the checkpoint: a silently skipped tensor changes both).
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -117,8 +118,10 @@ def _sample_methods(llm) -> dict:
             "rejection_sample_method": spec.rejection_sample_method}
 
 
+@functools.cache
 def _vllm_cpu():
-    """``specdraft/engines/vllm_cpu.py``, loaded by path: specdraft may not be installed here."""
+    """``specdraft/engines/vllm_cpu.py``, loaded once by path: specdraft may not be installed
+    here."""
     import importlib.util
     from pathlib import Path
 
@@ -147,7 +150,8 @@ def run_one(job: dict, run: dict) -> dict:
     _FIXES_ON["grouped_rms_norm"] = run.get("engine_fixes", True)
     t0 = time.perf_counter()
     llm = vllm.LLM(model=job["verifier"], tokenizer=job["verifier"], dtype=job["dtype"],
-                   **_vllm_cpu().attention_kwargs(job["dtype"]), enforce_eager=True, speculative_config=spec, seed=job.get("seed", 0),
+                   **_vllm_cpu().attention_kwargs(job["dtype"]), enforce_eager=True,
+                   speculative_config=spec, seed=job.get("seed", 0),
                    max_model_len=job.get("max_model_len", 2048), disable_log_stats=False,
                    max_num_seqs=run.get("max_num_seqs", job.get("max_num_seqs", 256)),
                    distributed_executor_backend=job.get("executor", "uni"))
