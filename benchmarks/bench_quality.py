@@ -41,6 +41,10 @@ MT_BENCH = SHARED / "mt_bench" / "question.jsonl"
 #: 2 layers, blocks of 5 (k = 4, as every drafter here is evaluated), the run's aux layers.
 DRAFTERS = {"eagle3": {},
             "eagle3.1": {"norm_before_fc": True, "fc_norm": True, "norm_output": True},
+            # speculators 0.9's default EAGLE-3 norms (its TrainConfig defaults for eagle3):
+            # the like-for-like row against `--peer --peer-kind eagle3-defaults`
+            "eagle3.1-specnorms": {"norm_before_residual": True, "norm_before_fc": True,
+                                   "norm_output": True},
             "qwen3": {"drafter_layer": "qwen3"},
             "dflash": {"drafter": "dflash", "dflash_block_size": 5, "dflash_layers": 2}}
 
@@ -131,8 +135,17 @@ def main() -> None:
     ap.add_argument("--drafter", default="eagle3", choices=sorted(DRAFTERS),
                     help="which drafter specdraft trains (docs/drafters.md); with --from train "
                     "on a copy of another run's generate..extract: the same data")
+    ap.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one train field (YAML value; e.g. dflash_anchors=64), "
+                    "repeatable: a variant of --drafter on the same data")
     ap.add_argument("--peer", action="store_true", help="also train speculators 0.9.0 on the "
                     "same rows and hidden states and eval its drafter the same way")
+    ap.add_argument("--peer-kind", default="eagle3", choices=["eagle3", "eagle3-defaults",
+                                                               "dflash"],
+                    help="which of speculators' drafters --peer trains (peer_quality.PEERS): "
+                    "eagle3 with specdraft's default EAGLE-3 architecture, its EAGLE-3 with its "
+                    "own default norms, or its DFlash (on a --drafter dflash run: same layers, "
+                    "block, mask token)")
     args = ap.parse_args()
 
     from specdraft.core.verifier import VerifierSpec
@@ -146,6 +159,14 @@ def main() -> None:
                                                      args.storage, args.seed,
                                                      args.ttt_steps, args.train_dtype,
                                                      args.drafter)))
+    if args.train_set:
+        cfg = yaml.safe_load(cfg_path.read_text())
+        for item in args.train_set:
+            key, sep, value = item.partition("=")
+            if not sep:
+                ap.error(f"--train-set {item!r}: expected KEY=VALUE")
+            cfg["train"][key] = yaml.safe_load(value)
+        cfg_path.write_text(yaml.safe_dump(cfg))
     config = PipelineConfig.from_yaml(cfg_path)
     t0 = time.monotonic()
     manifest = run(config, from_stage=args.from_stage or ("prepare" if args.chats else None))

@@ -146,12 +146,15 @@ def specdraft_child(work: Path, steps: int, T: int, result: Path) -> None:
 
 # --------------------------------------------------------------------- the peer child
 def peer_args(verifier: Path, data: Path, save: Path, *, aux: list[int], draft_vocab: int,
-              seq: int, ttt: int, epochs: int, lr: float, max_steps: int | None = None
-              ) -> list[str]:
-    """speculators' flags for our recipe on CPU: the drafter of specdraft's architecture (no
-    norm before fc, no norm on the fed-back state, no norm before the residual: what
-    specdraft's model and loader implement), our vocab map (``peer_data.write_vocab``), AdamW,
-    fp32, TTT ``ttt``, and the CPU flags of ``../shared/reference/peer-speculators-cpu.md``."""
+              seq: int, ttt: int, epochs: int, lr: float, max_steps: int | None = None,
+              norms: bool = False) -> list[str]:
+    """speculators' flags for our recipe on CPU: the drafter of specdraft's default EAGLE-3
+    architecture (no norm before fc, no norm on the fed-back state, no norm before the
+    residual), our vocab map (``peer_data.write_vocab``), AdamW, fp32, TTT ``ttt``, and the CPU
+    flags of ``../shared/reference/peer-speculators-cpu.md``. ``norms``: speculators 0.9's own
+    default EAGLE-3 instead (``norm_before_residual``, ``norm_before_fc`` and ``norm_output``
+    on, ``speculators/train/config/schema.py`` ``TrainConfig`` defaults; specdraft trains the
+    same with ``--norm-before-residual --norm-before-fc --norm-output``)."""
     args = ["--verifier-name-or-path", str(verifier), "--data-path", str(data),
             "--speculator-type", "eagle3", "--target-layer-ids", *map(str, aux),
             "--draft-vocab-size", str(draft_vocab),
@@ -160,7 +163,8 @@ def peer_args(verifier: Path, data: Path, save: Path, *, aux: list[int], draft_v
             "--optimizer", "adamw", "--lr", str(lr), "--hidden-states-dtype", "float32",
             "--num-workers", "0", "--mask-token-id", "0", "--total-seq-len", str(seq),
             "--ttt-steps", str(ttt), "--epochs", str(epochs),
-            "--no-norm-before-residual", "--no-norm-before-fc", "--no-norm-output",
+            *(() if norms else ("--no-norm-before-residual", "--no-norm-before-fc",
+                                 "--no-norm-output")),
             "--save-path", str(save), "--log-dir", str(save / "logs"),
             "--no-resume-from-checkpoint"]
     return args + (["--max-steps", str(max_steps)] if max_steps else [])

@@ -16,6 +16,12 @@ After the specdraft pipeline of ``bench_quality.py`` has run in ``RUN``:
    and frozen (ours copied, then trained: ``--lm-head-init``).
 3. Its checkpoint (speculators format) is read by specdraft's export reader and measured by the
    same offline eval on the same prompts as specdraft's drafter.
+
+``--peer-kind`` (:data:`PEERS`) says which of speculators' drafters, each in its own
+``RUN/<dir>``: ``eagle3`` (above), ``eagle3-defaults`` (its EAGLE-3 with its own default norms,
+:func:`bench_train_peer.peer_args` ``norms``), ``dflash`` (its DFlash trainer,
+:func:`dflash_args`; its checkpoint is converted to vLLM's native DFlash format by
+:func:`dflash_eval_ready` and measured the same way).
 """
 
 from __future__ import annotations
@@ -60,10 +66,39 @@ def convert(run_dir: Path, train_cfg: Any, verifier: Any) -> tuple[Path, Path, f
     return data, vdir, ratio, len(train)
 
 
-def train_peer(run_dir: Path, train_cfg: Any, data: Path, vdir: Path, ratio: float) -> Path:
-    """Run speculators' trainer (cached); returns the directory of its last epoch's weights."""
-    save = run_dir / "peer" / "train"
-    done = run_dir / "peer" / "trained.json"
+#: ``--peer-kind`` -> the directory under RUN that holds that peer's training and evals.
+PEERS = {"eagle3": "peer", "eagle3-defaults": "peer-eagle3-defaults", "dflash": "peer-dflash"}
+
+
+def dflash_args(verifier: Path, data: Path, save: Path, *, aux: list[int], seq: int,
+                epochs: int, lr: float, layers: int, block: int, mask_token_id: int) -> list[str]:
+    """speculators 0.9's flags for its DFlash trainer on the rows of ``data``, set to what vLLM
+    serves and what specdraft's DFlash trained (docs/benchmarks.md, "speculators' own DFlash
+    trainer"): ``layers`` Qwen3 layers, all full attention (its default makes every layer a
+    causal sliding window), blocks of ``block``, the full verifier vocabulary, the same mask
+    token, ``aux`` (its ids are capture ids, = vLLM's ``target_layer_ids + 1``), AdamW at
+    ``lr``, fp32. Its own recipe stays: D-PACE position weights, cross-entropy against the
+    verifier's argmax, up to 512 anchors per packed sequence of ``seq`` tokens."""
+    return ["--verifier-name-or-path", str(verifier), "--data-path", str(data),
+            "--speculator-type", "dflash", "--target-layer-ids", *map(str, aux),
+            "--num-layers", str(layers), "--block-size", str(block),
+            "--full-attention-indices", *map(str, range(layers)),
+            "--draft-vocab-size", str(json.loads((verifier / "config.json").read_text())
+                                      ["vocab_size"]),
+            "--mask-token-id", str(mask_token_id),
+            "--draft-attn-impl", "sdpa", "--loss-implementation", "eager",
+            "--optimizer", "adamw", "--lr", str(lr), "--hidden-states-dtype", "float32",
+            "--num-workers", "0", "--total-seq-len", str(seq), "--epochs", str(epochs),
+            "--save-path", str(save), "--log-dir", str(save / "logs"),
+            "--no-resume-from-checkpoint"]
+
+
+def train_peer(run_dir: Path, train_cfg: Any, data: Path, vdir: Path, ratio: float,
+               kind: str = "eagle3") -> Path:
+    """Run speculators' trainer for ``kind`` (a key of :data:`PEERS`; cached in its directory);
+    returns the directory of its last epoch's weights."""
+    out = run_dir / PEERS[kind]
+    save, done = out / "train", out / "trained.json"
     if not done.exists():
         import shutil
 
@@ -71,25 +106,85 @@ def train_peer(run_dir: Path, train_cfg: Any, data: Path, vdir: Path, ratio: flo
         total = json.loads((run_dir / "train" / "manifest.json").read_text())["total_steps"]
         warmup = min(train_cfg.warmup_steps, total // 2)
         aux = json.loads((vdir / "aux_ids.json").read_text())
-        K = len(__import__("numpy").load(data / "d2t.npy"))
+        if kind == "dflash":
+            exported = json.loads((run_dir / "export" / "vllm" / "config.json").read_text())
+            flags = dflash_args(vdir, data, save, aux=aux, seq=train_cfg.batch_tokens,
+                                epochs=train_cfg.epochs, lr=train_cfg.lr,
+                                layers=exported["num_hidden_layers"],
+                                block=exported["block_size"],
+                                mask_token_id=exported["dflash_config"]["mask_token_id"])
+        else:
+            K = len(__import__("numpy").load(data / "d2t.npy"))
+            flags = peer_args(vdir, data, save, aux=aux, draft_vocab=K,
+                              seq=train_cfg.batch_tokens, ttt=train_cfg.ttt_steps,
+                              epochs=train_cfg.epochs, lr=train_cfg.lr,
+                              norms=kind == "eagle3-defaults")
         cmd = [str(peer_data.peer_python(REPO)), str(Path(__file__).parent / "peer_speculators.py"),
-               "--threads", str(torch.get_num_threads()), "--",
-               *peer_args(vdir, data, save, aux=aux, draft_vocab=K, seq=train_cfg.batch_tokens,
-                          ttt=train_cfg.ttt_steps, epochs=train_cfg.epochs, lr=train_cfg.lr),
+               "--threads", str(torch.get_num_threads()), "--", *flags,
                "--train-data-ratio", f"{ratio:.6f}", "--scheduler-type", "cosine",
                "--scheduler-warmup-steps", str(warmup), "--weight-decay", "0.0",
                "--seed", str(train_cfg.seed), "--log-freq", "10"]
         t0 = time.monotonic()
         save.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / "peer" / "train.log", "w") as log:
+        with open(out / "train.log", "w") as log:
             rc = subprocess.run(cmd, env=child_env(torch.get_num_threads(), None), stdout=log,
                                 stderr=subprocess.STDOUT, cwd=REPO).returncode
         if rc != 0:
-            raise SystemExit(f"speculators' trainer failed ({rc}); see {run_dir}/peer/train.log")
-        done.write_text(json.dumps({"seconds": time.monotonic() - t0, "warmup": warmup}))
+            raise SystemExit(f"speculators' trainer failed ({rc}); see {out}/train.log")
+        done.write_text(json.dumps({"seconds": time.monotonic() - t0, "warmup": warmup,
+                                    "kind": kind}))
     epochs = sorted(int(d.name) for d in save.iterdir() if d.is_dir() and not d.is_symlink()
                     and d.name.isdigit())
     return save / str(epochs[-1])
+
+
+def dflash_eval_ready(ckpt: Path, out: Path, target_num_layers: int) -> Path:
+    """speculators' DFlash checkpoint ``ckpt`` written to ``out`` in vLLM's native DFlash format
+    by specdraft's validated exporter (:func:`specdraft.artifacts.dflash_export.export_dflash`),
+    weights widened to float32 (exact), so specdraft's offline eval and vLLM read the same.
+
+    The mapping (facts from ``speculators/models/dflash/core.py`` and vLLM's
+    ``qwen3_dflash.py``): the layer shape from ``transformer_layer_config``; vLLM's
+    ``target_layer_ids`` = its ``aux_hidden_state_layer_ids`` - 1 (layer outputs vs capture
+    ids); ``mask_token_id``, ``block_size`` as they are; tensor names are vLLM's already.
+    Raises ValueError for what vLLM would not serve as trained: a sliding or causal layer, a
+    reduced draft vocabulary, ``sample_from_anchor``."""
+    from safetensors.torch import load_file
+
+    from specdraft.artifacts.dflash_export import export_dflash
+    from specdraft.models.dflash import DFlashConfig, DFlashDraftModel
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    layer = cfg["transformer_layer_config"]
+    bad = []
+    if any(t != "full_attention" for t in layer.get("layer_types") or []):
+        bad.append(f"layer_types={layer['layer_types']} (sliding, causal unless told)")
+    if cfg["draft_vocab_size"] != layer["vocab_size"]:
+        bad.append(f"draft_vocab_size={cfg['draft_vocab_size']} (vLLM's DFlash has none)")
+    if cfg.get("sample_from_anchor"):
+        bad.append("sample_from_anchor=true (vLLM drafts after the anchor)")
+    if bad:
+        raise ValueError(f"{ckpt}: not servable by vLLM as trained: {bad}")
+    rope = layer.get("rope_parameters") or {}
+    c = DFlashConfig(**{k: layer[k] for k in (
+        "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "intermediate_size", "num_hidden_layers", "rms_norm_eps", "max_position_embeddings",
+        "vocab_size", "hidden_act")},
+        rope_theta=float(rope.get("rope_theta", layer.get("rope_theta"))),
+        target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],
+        target_num_layers=target_num_layers,
+        target_layer_ids=tuple(i - 1 for i in cfg["aux_hidden_state_layer_ids"]),
+        mask_token_id=int(cfg["mask_token_id"]), block_size=int(cfg["block_size"]),
+        causal=False)
+    model = DFlashDraftModel(c)
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() for k, v in load_file(str(ckpt / "model.safetensors")).items()},
+        strict=False)
+    if unexpected or any(not m.startswith(("rotary.", "embed_tokens.", "lm_head."))
+                         for m in missing):
+        raise ValueError(f"{ckpt}: tensors differ from specdraft's DFlash: missing {missing}, "
+                         f"unexpected {unexpected}")
+    return export_dflash(model, out, dtype=torch.float32)
 
 
 #: The longest context the benchmark evaluates (prompt + new tokens) is far below this; a
@@ -128,26 +223,32 @@ def eval_ready(ckpt: Path, out: Path) -> Path:
 
 
 def run_peer(args: Any, config: Any, verifier: Any) -> None:
-    """Convert, train the peer, eval both drafters' figures side by side (module docstring)."""
+    """Convert, train the peer (``args.peer_kind``), eval both drafters' figures side by side
+    (module docstring)."""
     from bench_quality import GSM8K_TEST, MT_BENCH, eval_offline
 
-    run_dir = args.run_dir
+    run_dir, kind = args.run_dir, args.peer_kind
+    peer_dir = run_dir / PEERS[kind]
     train_cfg = config.stages["train"]
     data, vdir, ratio, n_train = convert(run_dir, train_cfg, verifier)
-    ckpt = train_peer(run_dir, train_cfg, data, vdir, ratio)
-    drafter = eval_ready(ckpt, run_dir / "peer" / "drafter")
-    peer = {"gsm8k": eval_offline(run_dir / "peer" / "eval-gsm8k", drafter, verifier,
+    ckpt = train_peer(run_dir, train_cfg, data, vdir, ratio, kind)
+    drafter = dflash_eval_ready(ckpt, peer_dir / "drafter", verifier.config.num_hidden_layers) \
+        if kind == "dflash" else eval_ready(ckpt, peer_dir / "drafter")
+    peer = {"gsm8k": eval_offline(peer_dir / "eval-gsm8k", drafter, verifier,
                                   GSM8K_TEST, args.eval_limit),
-            "mt": eval_offline(run_dir / "peer" / "eval-mtbench", drafter, verifier, MT_BENCH,
+            "mt": eval_offline(peer_dir / "eval-mtbench", drafter, verifier, MT_BENCH,
                                args.mt_limit)}
     ours = {"gsm8k": json.loads((run_dir / "eval" / "manifest.json").read_text()),
             "mt": json.loads((run_dir / "eval-mtbench" / "manifest.json").read_text())}
     t_ours = json.loads((run_dir / "train" / "manifest.json").read_text())["elapsed_s"]
-    t_peer = json.loads((run_dir / "peer" / "trained.json").read_text())["seconds"]
-    print(f"\nbench_quality --peer: speculators 0.9.0 on the same {n_train} training rows and "
-          f"hidden states, {train_cfg.epochs} epochs, AdamW lr {train_cfg.lr}, TTT "
-          f"{train_cfg.ttt_steps}; offline eval greedy, k = 4")
-    dirs = {"gsm8k": ("eval", "peer/eval-gsm8k"), "mt": ("eval-mtbench", "peer/eval-mtbench")}
+    t_peer = json.loads((peer_dir / "trained.json").read_text())["seconds"]
+    shape = f"blocks of {train_cfg.dflash_block_size}" if kind == "dflash" else \
+        f"TTT {train_cfg.ttt_steps}"
+    print(f"\nbench_quality --peer: speculators 0.9.0 ({kind}) on the same {n_train} training "
+          f"rows and hidden states, {train_cfg.epochs} epochs, AdamW lr {train_cfg.lr}, "
+          f"{shape}; offline eval greedy, k = 4")
+    dirs = {"gsm8k": ("eval", f"{PEERS[kind]}/eval-gsm8k"),
+            "mt": ("eval-mtbench", f"{PEERS[kind]}/eval-mtbench")}
     for name, label in (("gsm8k", f"GSM8K test {args.eval_limit}"),
                         ("mt", f"MT-bench {args.mt_limit or 80}")):
         a, b = ours[name], peer[name]

@@ -123,10 +123,14 @@ def test_speculators_reads_converted_row_as_our_teacher(tmp_path):
 
 
 @pytest.mark.slow
-def test_speculators_trains_on_converted_rows_and_specdraft_reads_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("norms", [False, True], ids=["specdraft-arch", "its-default-norms"])
+def test_speculators_trains_on_converted_rows_and_specdraft_reads_its_checkpoint(tmp_path,
+                                                                                 norms):
     """peer_speculators.py runs speculators' own trainer on CPU (2 steps) over converted rows;
     its checkpoint loads through specdraft's export reader with our vocab map, our aux ids,
-    the verifier's rotary base and its embedding (stored in bf16 by its checkpointer)."""
+    the verifier's rotary base and its embedding (stored in bf16 by its checkpointer).
+    ``norms``: its own default EAGLE-3 (norm before the residual, before fc, on the output),
+    read by specdraft as those three fields on."""
     from transformers import LlamaConfig
 
     from bench_train_peer import child_env, peer_args
@@ -158,7 +162,7 @@ def test_speculators_trains_on_converted_rows_and_specdraft_reads_its_checkpoint
     save = tmp_path / "save"
     cmd = [str(py), str(REPO / "benchmarks" / "peer_speculators.py"), "--threads", "1", "--",
            *peer_args(vdir, data, save, aux=[1, 3, 4], draft_vocab=K, seq=2 * T, ttt=2,
-                      epochs=1, lr=1e-3, max_steps=2), "--train-data-ratio", "0.7"]
+                      epochs=1, lr=1e-3, max_steps=2, norms=norms), "--train-data-ratio", "0.7"]
     done = subprocess.run(cmd, env=child_env(1, None), capture_output=True, text=True,
                           timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
@@ -166,8 +170,68 @@ def test_speculators_trains_on_converted_rows_and_specdraft_reads_its_checkpoint
     assert d.format == "speculators"
     assert d.config.aux_layer_ids == (1, 3, 4) and d.config.rope_theta == 5000.0
     assert (d.config.hidden_size, d.config.draft_vocab_size, d.config.vocab_size) == (Hs, K, V)
-    assert d.config.norm_before_residual is False
+    assert (d.config.norm_before_residual, d.config.norm_before_fc, d.config.norm_output,
+            d.config.fc_norm) == (norms, norms, norms, False)
     assert torch.equal(d.state["d2t"].long(), d2t) and torch.equal(d.state["t2d"].bool(), t2d)
     assert torch.equal(d.state["embed_tokens.weight"], embed.to(torch.bfloat16))
     model = build_model(d)
     assert model.lm_head.weight.shape == (K, Hs)
+
+
+@pytest.mark.slow
+def test_speculators_dflash_trains_on_converted_rows_and_converts_to_vllms_format(tmp_path):
+    """speculators' own DFlash trainer (peer_quality.dflash_args: full attention, our block,
+    layers and mask token) runs 2 steps on CPU over converted rows; dflash_eval_ready writes its
+    checkpoint in vLLM's native DFlash format: target_layer_ids = its capture ids - 1, the same
+    mask token and block, bidirectional, every tensor equal to its checkpoint's (bf16 widened).
+    A sliding layer in its config is refused (what vLLM's speculators loader would run causal)."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+
+    from bench_train_peer import child_env
+    from peer_quality import dflash_args, dflash_eval_ready
+    from specdraft.artifacts.dflash_export import read_dflash
+
+    py = peer_python_or_skip()
+    Hs, V, T = 64, 128, 24
+    g = torch.Generator().manual_seed(5)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=Hs, intermediate_size=128, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      max_position_embeddings=256, rope_theta=5000.0, tie_word_embeddings=False)
+    embed, lm_head, gain = torch.randn(V, Hs, generator=g), torch.randn(V, Hs, generator=g), \
+        0.5 + torch.rand(Hs, generator=g)
+    mask = torch.zeros(T, dtype=torch.uint8)
+    mask[8:] = 1
+    pos = torch.nonzero(mask[1:] == 1).flatten()
+    rows = [Row(f"r{i}/0", torch.randint(0, V, (T,), generator=g), mask,
+                torch.randn(T, 3 * Hs, generator=g), torch.randn(len(pos), Hs, generator=g), pos)
+            for i in range(6)]
+    data = tmp_path / "data"
+    peer_data.write_offline(data, [(r.input_ids, peer_data.peer_loss_mask(r.loss_mask),
+                                    peer_data.peer_hidden(r, gain)) for r in rows])
+    vdir = peer_data.write_verifier_dir(tmp_path / "verifier", cfg, embed, lm_head, gain)
+    save = tmp_path / "save"
+    cmd = [str(py), str(REPO / "benchmarks" / "peer_speculators.py"), "--threads", "1", "--",
+           *dflash_args(vdir, data, save, aux=[1, 3, 4], seq=2 * T, epochs=1, lr=1e-3,
+                        layers=2, block=3, mask_token_id=V - 1),
+           "--max-steps", "2", "--train-data-ratio", "0.7"]
+    done = subprocess.run(cmd, env=child_env(1, None), capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    c, tensors = read_dflash(dflash_eval_ready(save / "0", tmp_path / "vllm", 6))
+    assert c.target_layer_ids == (0, 2, 3) and c.target_num_layers == 6
+    assert (c.mask_token_id, c.block_size, c.num_hidden_layers, c.causal) == (V - 1, 3, 2, False)
+    assert (c.hidden_size, c.vocab_size, c.rope_theta) == (Hs, V, 5000.0)
+    theirs = load_file(str(save / "0" / "model.safetensors"))
+    assert set(tensors) == set(theirs)
+    assert all(torch.equal(tensors[k], theirs[k].float()) for k in theirs)
+    cfg_json = json.loads((save / "0" / "config.json").read_text())
+    cfg_json["transformer_layer_config"]["layer_types"] = ["sliding_attention", "full_attention"]
+    bad = tmp_path / "sliding"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps(cfg_json))
+    with pytest.raises(ValueError, match="layer_types"):
+        dflash_eval_ready(bad, tmp_path / "never", 6)
+    assert not (tmp_path / "never").exists()
