@@ -122,32 +122,19 @@ def test_speculators_reads_converted_row_as_our_teacher(tmp_path):
                           rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("norms", [False, True], ids=["specdraft-arch", "its-default-norms"])
-def test_speculators_trains_on_converted_rows_and_specdraft_reads_its_checkpoint(tmp_path,
-                                                                                 norms):
-    """peer_speculators.py runs speculators' own trainer on CPU (2 steps) over converted rows;
-    its checkpoint loads through specdraft's export reader with our vocab map, our aux ids,
-    the verifier's rotary base and its embedding (stored in bf16 by its checkpointer).
-    ``norms``: its own default EAGLE-3 (norm before the residual, before fc, on the output),
-    read by specdraft as those three fields on."""
+def tiny_peer_inputs(tmp_path: Path, seed: int) -> tuple:
+    """A 6-layer random Llama verifier (hidden 64, vocab 128) and 6 converted rows of 24 tokens
+    (completion from position 8, aux ids [1, 3, 4]) in speculators' offline format: returns
+    (cfg, embed, lm_head, data dir, verifier dir, generator)."""
     from transformers import LlamaConfig
 
-    from bench_train_peer import child_env, peer_args
-    from peer_quality import eval_ready
-    from specdraft.artifacts.drafter import build_model, read_drafter
-
-    py = peer_python_or_skip()
-    Hs, V, K, T = 64, 128, 32, 24
-    g = torch.Generator().manual_seed(4)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=Hs, intermediate_size=128, num_hidden_layers=6,
+    g = torch.Generator().manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                       max_position_embeddings=256, rope_theta=5000.0, tie_word_embeddings=False)
+    V, Hs, T = cfg.vocab_size, cfg.hidden_size, 24
     embed, lm_head, gain = torch.randn(V, Hs, generator=g), torch.randn(V, Hs, generator=g), \
         0.5 + torch.rand(Hs, generator=g)
-    draft = torch.randperm(V, generator=g)[:K].sort().values
-    d2t, t2d = draft - torch.arange(K), torch.zeros(V, dtype=torch.bool)
-    t2d[draft] = True
     mask = torch.zeros(T, dtype=torch.uint8)
     mask[8:] = 1
     pos = torch.nonzero(mask[1:] == 1).flatten()
@@ -157,8 +144,30 @@ def test_speculators_trains_on_converted_rows_and_specdraft_reads_its_checkpoint
     data = tmp_path / "data"
     peer_data.write_offline(data, [(r.input_ids, peer_data.peer_loss_mask(r.loss_mask),
                                     peer_data.peer_hidden(r, gain)) for r in rows])
-    peer_data.write_vocab(data, d2t, t2d)
     vdir = peer_data.write_verifier_dir(tmp_path / "verifier", cfg, embed, lm_head, gain)
+    return cfg, embed, lm_head, data, vdir, g
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norms", [False, True], ids=["specdraft-arch", "its-default-norms"])
+def test_speculators_trains_on_converted_rows_and_specdraft_reads_its_checkpoint(tmp_path,
+                                                                                 norms):
+    """peer_speculators.py runs speculators' own trainer on CPU (2 steps) over converted rows;
+    its checkpoint loads through specdraft's export reader with our vocab map, our aux ids,
+    the verifier's rotary base and its embedding (stored in bf16 by its checkpointer).
+    ``norms``: its own default EAGLE-3 (norm before the residual, before fc, on the output),
+    read by specdraft as those three fields on."""
+    from bench_train_peer import child_env, peer_args
+    from peer_quality import eval_ready
+    from specdraft.artifacts.drafter import build_model, read_drafter
+
+    py = peer_python_or_skip()
+    cfg, embed, _, data, vdir, g = tiny_peer_inputs(tmp_path, 4)
+    Hs, V, K, T = cfg.hidden_size, cfg.vocab_size, 32, 24
+    draft = torch.randperm(V, generator=g)[:K].sort().values
+    d2t, t2d = draft - torch.arange(K), torch.zeros(V, dtype=torch.bool)
+    t2d[draft] = True
+    peer_data.write_vocab(data, d2t, t2d)
     save = tmp_path / "save"
     cmd = [str(py), str(REPO / "benchmarks" / "peer_speculators.py"), "--threads", "1", "--",
            *peer_args(vdir, data, save, aux=[1, 3, 4], draft_vocab=K, seq=2 * T, ttt=2,
@@ -188,30 +197,14 @@ def test_speculators_dflash_trains_on_converted_rows_and_converts_to_vllms_forma
     import json
 
     from safetensors.torch import load_file
-    from transformers import LlamaConfig
 
     from bench_train_peer import child_env
     from peer_quality import dflash_args, dflash_eval_ready
     from specdraft.artifacts.dflash_export import read_dflash
 
     py = peer_python_or_skip()
-    Hs, V, T = 64, 128, 24
-    g = torch.Generator().manual_seed(5)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=Hs, intermediate_size=128, num_hidden_layers=6,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                      max_position_embeddings=256, rope_theta=5000.0, tie_word_embeddings=False)
-    embed, lm_head, gain = torch.randn(V, Hs, generator=g), torch.randn(V, Hs, generator=g), \
-        0.5 + torch.rand(Hs, generator=g)
-    mask = torch.zeros(T, dtype=torch.uint8)
-    mask[8:] = 1
-    pos = torch.nonzero(mask[1:] == 1).flatten()
-    rows = [Row(f"r{i}/0", torch.randint(0, V, (T,), generator=g), mask,
-                torch.randn(T, 3 * Hs, generator=g), torch.randn(len(pos), Hs, generator=g), pos)
-            for i in range(6)]
-    data = tmp_path / "data"
-    peer_data.write_offline(data, [(r.input_ids, peer_data.peer_loss_mask(r.loss_mask),
-                                    peer_data.peer_hidden(r, gain)) for r in rows])
-    vdir = peer_data.write_verifier_dir(tmp_path / "verifier", cfg, embed, lm_head, gain)
+    cfg, _, _, data, vdir, _ = tiny_peer_inputs(tmp_path, 5)
+    Hs, V, T = cfg.hidden_size, cfg.vocab_size, 24
     save = tmp_path / "save"
     cmd = [str(py), str(REPO / "benchmarks" / "peer_speculators.py"), "--threads", "1", "--",
            *dflash_args(vdir, data, save, aux=[1, 3, 4], seq=2 * T, epochs=1, lr=1e-3,
