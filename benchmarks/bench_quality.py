@@ -108,6 +108,8 @@ def eval_mtbench(run_dir: Path, drafter: Path, verifier, limit: int | None = Non
 
 
 def main() -> None:
+    from peer_quality import PEERS
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", type=Path, default=Path("runs/bench-quality"))
     ap.add_argument("--n-train", type=int, default=1000)
@@ -140,8 +142,7 @@ def main() -> None:
                     "repeatable: a variant of --drafter on the same data")
     ap.add_argument("--peer", action="store_true", help="also train speculators 0.9.0 on the "
                     "same rows and hidden states and eval its drafter the same way")
-    ap.add_argument("--peer-kind", default="eagle3", choices=["eagle3", "eagle3-defaults",
-                                                               "dflash"],
+    ap.add_argument("--peer-kind", default="eagle3", choices=sorted(PEERS),
                     help="which of speculators' drafters --peer trains (peer_quality.PEERS): "
                     "eagle3 with specdraft's default EAGLE-3 architecture, its EAGLE-3 with its "
                     "own default norms, or its DFlash (on a --drafter dflash run: same layers, "

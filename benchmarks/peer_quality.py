@@ -107,12 +107,13 @@ def train_peer(run_dir: Path, train_cfg: Any, data: Path, vdir: Path, ratio: flo
         warmup = min(train_cfg.warmup_steps, total // 2)
         aux = json.loads((vdir / "aux_ids.json").read_text())
         if kind == "dflash":
-            exported = json.loads((run_dir / "export" / "vllm" / "config.json").read_text())
+            from specdraft.artifacts.dflash_export import read_dflash
+
+            ours, _ = read_dflash(run_dir / "export" / "vllm")  # the drafter to match
             flags = dflash_args(vdir, data, save, aux=aux, seq=train_cfg.batch_tokens,
                                 epochs=train_cfg.epochs, lr=train_cfg.lr,
-                                layers=exported["num_hidden_layers"],
-                                block=exported["block_size"],
-                                mask_token_id=exported["dflash_config"]["mask_token_id"])
+                                layers=ours.num_hidden_layers, block=ours.block_size,
+                                mask_token_id=ours.mask_token_id)
         else:
             K = len(__import__("numpy").load(data / "d2t.npy"))
             flags = peer_args(vdir, data, save, aux=aux, draft_vocab=K,
@@ -247,13 +248,12 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
     print(f"\nbench_quality --peer: speculators 0.9.0 ({kind}) on the same {n_train} training "
           f"rows and hidden states, {train_cfg.epochs} epochs, AdamW lr {train_cfg.lr}, "
           f"{shape}; offline eval greedy, k = 4")
-    dirs = {"gsm8k": ("eval", f"{PEERS[kind]}/eval-gsm8k"),
-            "mt": ("eval-mtbench", f"{PEERS[kind]}/eval-mtbench")}
+    dirs = {"gsm8k": (run_dir / "eval", peer_dir / "eval-gsm8k"),
+            "mt": (run_dir / "eval-mtbench", peer_dir / "eval-mtbench")}
     for name, label in (("gsm8k", f"GSM8K test {args.eval_limit}"),
                         ("mt", f"MT-bench {args.mt_limit or 80}")):
         a, b = ours[name], peer[name]
-        ci = tau_ratio_ci(*(json.loads((run_dir / d / "results.json").read_text())
-                            for d in dirs[name]))
+        ci = tau_ratio_ci(*(json.loads((d / "results.json").read_text()) for d in dirs[name]))
         pos = lambda m: ", ".join(f"{p:.3f}" for p in m["per_position"])  # noqa: E731
         print(f"  {label:<16} specdraft tau {a['tau']:.3f} [{pos(a)}]   speculators tau "
               f"{b['tau']:.3f} [{pos(b)}]   ratio {ci.ratio:.3f} (95 % CI {ci.low:.3f}-"

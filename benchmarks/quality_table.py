@@ -22,7 +22,8 @@ from pathlib import Path
 
 from specdraft.eval.compare import tau_ratio_ci
 
-SETS = {"gsm8k": ("eval", "peer/eval-gsm8k"), "mt": ("eval-mtbench", "peer/eval-mtbench")}
+#: set -> (its eval directory in a run, in a peer directory)
+SETS = {"gsm8k": ("eval", "eval-gsm8k"), "mt": ("eval-mtbench", "eval-mtbench")}
 
 
 def load(path: Path) -> dict:
@@ -40,7 +41,7 @@ def main() -> None:
     for peer in a.peer:
         pdir = peer / "peer" if (peer / "peer" / "trained.json").exists() else peer
         name = "speculators" if pdir.name == "peer" else f"spec:{pdir.name.removeprefix('peer-')}"
-        rows[name] = {s: pdir / d[1].split("/")[1] / "results.json" for s, d in SETS.items()}
+        rows[name] = {s: pdir / d[1] / "results.json" for s, d in SETS.items()}
         seconds[name] = load(pdir / "trained.json")["seconds"]
     refs = [a.runs[0].name] + ([n for n in rows if n.startswith("spec")][:1] if a.peer else [])
     for s in SETS:
