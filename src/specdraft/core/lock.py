@@ -30,12 +30,14 @@ LOCK_FILE = ".lock"
 _held: dict[Path, int] = {}  # resolved lock path -> open fd, for this process
 
 
-def acquire(directory: str | os.PathLike, *, what: str) -> Path:
+def acquire(directory: str | os.PathLike, *, what: str, claim: bool = True) -> Path:
     """Take the lock of ``directory`` (created if missing) for this process; return its path.
 
-    ``what`` names the command in the refusal (``"specdraft extract"``). Raises
-    :class:`StageDirError` naming the running holder (pid, host, command, start time) when
-    another live process holds it.
+    ``what`` names the command in the refusal (``"specdraft extract"``). ``claim``: write this
+    process's holder line now; a caller that may still refuse the command takes the lock with
+    ``claim=False`` and calls :func:`claim` once it goes on (a refused command leaves the file
+    as it found it). Raises :class:`StageDirError` naming the running holder (pid, host,
+    command, start time) when another live process holds it.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -50,9 +52,16 @@ def acquire(directory: str | os.PathLike, *, what: str) -> Path:
         os.close(fd)
         raise StageDirError(f"{directory} is in use by another `{what}`: {holder}; wait for it "
                             f"to finish or stop it (a killed process frees the lock)") from None
-    _write_holder(fd)
+    if claim:
+        _write_holder(fd)
     _held[path] = fd
     return path
+
+
+def claim(directory: str | os.PathLike) -> None:
+    """Write this process's holder line into the lock of ``directory`` it holds
+    (:func:`acquire` with ``claim=False``)."""
+    _write_holder(_held[(Path(directory) / LOCK_FILE).resolve()])
 
 
 def release(directory: str | os.PathLike) -> None:

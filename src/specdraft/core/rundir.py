@@ -24,7 +24,7 @@ def stage_dir(run_dir: str | Path, stage: str) -> Path:
 
 
 def open_stage_dir(run_dir: str | Path, stage: str, *, resume: bool = False,
-                   overwrite: bool = False) -> Path:
+                   overwrite: bool = False, resumable: bool = True) -> Path:
     """Lock ``RUN/<stage>`` for this process, make it ready for writing and return it.
 
     The lock (:mod:`specdraft.core.lock`) is taken first: a second process on the same stage
@@ -37,21 +37,29 @@ def open_stage_dir(run_dir: str | Path, stage: str, *, resume: bool = False,
     - ``overwrite``: its content is deleted;
     - ``resume``: kept as is, except the manifest (the stage is being run again) and leftovers of
       interrupted atomic writes, which are removed.
+
+    ``resumable``: the stage has a ``--resume`` flag (the refusal names only flags that exist).
+    A refused command leaves the lock file as it found it (the holder line is written only once
+    the directory is accepted).
     """
     if resume and overwrite:
         raise StageDirError("--resume and --overwrite exclude each other; pass one")
     path = stage_dir(run_dir, stage)
-    lock.acquire(path, what=f"specdraft {stage}")
+    held = lock.holds(path)
+    lock.acquire(path, what=f"specdraft {stage}", claim=False)
+    if not (overwrite or resume) and holds_work(path):
+        if not held:
+            lock.release(path)
+        state = "complete" if (path / MANIFEST).exists() else "partial"
+        how = "pass --resume to continue it or " if resumable else "pass "
+        raise StageDirError(f"{path} already holds {state} output of `specdraft {stage}`; "
+                            f"{how}--overwrite to delete it and start over")
+    lock.claim(path)
     if overwrite or not holds_work(path):
         _clear(path)
-    elif resume:
+    else:
         (path / MANIFEST).unlink(missing_ok=True)
         remove_stale_tmp(path)
-    else:
-        state = "complete" if (path / MANIFEST).exists() else "partial"
-        raise StageDirError(
-            f"{path} already holds {state} output of `specdraft {stage}`; pass --resume to "
-            f"continue it or --overwrite to delete it and start over")
     return path
 
 

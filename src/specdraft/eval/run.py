@@ -51,7 +51,7 @@ def output_dir(config: EvalConfig) -> Path:
             raise StageDirError(f"{out} is not empty; pass --overwrite")
         out.mkdir(parents=True, exist_ok=True)
         return out
-    return open_stage_dir(config.run_dir, STAGE, overwrite=config.overwrite)
+    return open_stage_dir(config.run_dir, STAGE, overwrite=config.overwrite, resumable=False)
 
 
 def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
