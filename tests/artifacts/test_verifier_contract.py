@@ -119,7 +119,7 @@ def test_extract_refuses_another_verifier_before_loading_it(
         extract(ExtractConfig(run_dir=run_dir, verifier=str(other)))
     msg = str(err.value)
     assert "written by generate" in msg and f"--verifier {tiny_verifier_dir}" in msg
-    assert "another model" in msg and "weights (sampled bytes" in msg
+    assert "another model" in msg and "weights (sampled fingerprint of" in msg
     assert not (run_dir / "extract" / "manifest.json").exists()
 
 

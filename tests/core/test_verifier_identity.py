@@ -3,9 +3,11 @@
 A tiny random Llama is extracted for real; a drafter carrying its identity is then checked
 against: the same model re-saved (same), another random model of the same shapes (refused,
 "weights" named), the same weights under another config field (refused, the field named), a
-GPTQ-config / bf16 copy (a quantized variant: allowed, said), and the same model with its hidden
-basis rotated (QuaRot-style: ``h → hQ``, logits equal within 1e-5) declared as a quantized
-variant, which only the hidden-state probe catches — in eval, export and doctor.
+GPTQ-config / bf16 copy (a variant whose values agree within bf16: allowed, said), and the same
+model with its hidden basis rotated (QuaRot-style: ``h → hQ``, logits equal within 1e-5)
+declared as a quantized variant: its values differ, so the identity refuses it, and the
+hidden-state probe catches it as well — in eval, export and doctor. tests/core/test_fingerprint.py
+plants the fingerprint's own cases.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ import torch
 
 from specdraft.core.errors import ConfigError
 from specdraft.artifacts.hidden_states import probe_hidden_states
-from specdraft.core.verifier_identity import (SAMPLE_BYTES, SAMPLE_TENSORS, bind, compare,
-                                              identify)
+from specdraft.core.verifier_identity import STRATA, WINDOW, bind, compare, identify
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "extract"))
@@ -133,8 +134,8 @@ def test_extract_records_the_identity_from_a_few_bytes(world):
     assert ident["quantization"] is None and ident["dtype"] == "float32"
     w = ident["weights"]
     assert w["n_tensors"] == 4 * 9 + 3  # 4 layers x (7 linear + 2 norms) + embed, norm, head
-    assert len(w["sampled"]) == SAMPLE_TENSORS
-    assert w["bytes_read"] <= 3 * SAMPLE_TENSORS * SAMPLE_BYTES
+    assert w["scheme"] == "sampled" and len(w["groups"]) == 5  # 4 layers + embed/norm/head
+    assert w["bytes_read"] <= w["n_tensors"] * 2 * STRATA * WINDOW
     assert ident["config"]["hidden_size"] == 64 and "torch_dtype" not in ident["config"]
     # the drafter carries it (drafter_config.json)
     c = json.loads((world["run"] / "train" / "best" / "drafter_config.json").read_text())
@@ -147,7 +148,8 @@ def test_extract_records_the_identity_from_a_few_bytes(world):
 def test_another_model_of_the_same_shapes_is_refused_naming_what_differs(world, capsys):
     c = compare(world["identity"], identify(world["other"]))
     assert c.kind == "other" and len(c.differences) == 1
-    assert c.differences[0].startswith("weights (sampled bytes of 39 tensors")
+    assert c.differences[0].startswith("weights (sampled fingerprint of 39 tensors differs in "
+                                       "layer 0, layer 1, layer 2, layer 3, other;")
     b = bind(world["identity"], str(world["other"]), allow_other=False, flag="--allow-x")
     assert "not the model the drafter was trained on" in b["refusal"]
     assert "weights" in b["refusal"] and "--allow-x" in b["refusal"]
@@ -169,8 +171,10 @@ def test_a_quantized_variant_is_allowed_with_a_line(world, capsys):
     assert b["kind"] == "variant" and b["refusal"] is None and not b["allowed_by_flag"]
     assert b["served"]["quantization"]["method"] == "gptq"
     assert b["given"] == "gptq 4-bit, group 128" and b["recorded"] == "unquantized (float32)"
-    assert "a quantized variant of the model the drafter was trained on (served gptq 4-bit, " \
-           "group 128; trained on unquantized (float32))" in capsys.readouterr().err
+    assert b["weights_checked"]  # its bf16 values agree with the float32 ones within 2^-8
+    assert "a variant of the model the drafter was trained on (served gptq 4-bit, group 128; " \
+           "trained on unquantized (float32)); allowed: same config and tokenizer, its float " \
+           "values agree" in capsys.readouterr().err
 
 
 def test_the_probe_catches_a_rotated_basis_the_logits_hide(world):
@@ -185,8 +189,9 @@ def test_the_probe_catches_a_rotated_basis_the_logits_hide(world):
     assert list(same["cosine"]) == ["1", "2", "3", "final"]
     turned = probe_hidden_states(rotated, extract)
     assert not turned["ok"] and max(abs(v) for v in turned["cosine"].values()) < 0.5
-    # declared as a quantized variant (QuaRot), the identity lets it through: only the probe
-    assert compare(world["identity"], identify(world["quarot"])).kind == "variant"
+    # declared as a quantized variant (QuaRot): its stored values are not the recorded ones
+    c = compare(world["identity"], identify(world["quarot"]))
+    assert c.kind == "other" and "float values differ" in c.differences[0]
 
 
 def _eval(world, verifier: Path, out: str, **kw):
@@ -213,9 +218,12 @@ def test_eval_refuses_another_verifier_and_records_the_flag(world):
 
 
 def test_eval_refuses_a_rotated_basis_and_passes_the_true_verifier(world):
-    with pytest.raises(ConfigError, match="hidden-state probe: 2 stored rows recomputed, lowest "
-                                          "mean cosine .*FAILED"):
+    with pytest.raises(ConfigError, match="not the model the drafter was trained on .*float "
+                                          "values differ"):
         _eval(world, world["quarot"], "e3")
+    _eval(world, world["quarot"], "e3b", allow_other_verifier=True)  # let through: the probe
+    b = json.loads((world["tmp"] / "e3b" / "results.json").read_text())["verifier_binding"]
+    assert b["probe"]["ran"] and not b["probe"]["ok"]
     _eval(world, world["base"], "e4")
     b = json.loads((world["tmp"] / "e4" / "results.json").read_text())["verifier_binding"]
     assert b["kind"] == "same" and b["probe"]["ok"] and not b["allowed_by_flag"]
@@ -237,7 +245,7 @@ def test_export_refuses_another_verifier_and_carries_the_identity(world):
     assert prov["verifier_binding"]["kind"] == "other"
 
 
-def test_doctor_fails_the_rotated_verifier_on_the_probe_only(world):
+def test_doctor_fails_the_rotated_verifier_on_identity_and_probe(world):
     from specdraft.doctor.config import DoctorConfig
     from specdraft.doctor.run import run as doctor
 
@@ -246,8 +254,8 @@ def test_doctor_fails_the_rotated_verifier_on_the_probe_only(world):
         return {c["name"]: c["ok"] for c in r["checks"]}
 
     rotated = checks(world["quarot"])
-    assert not rotated.pop("hidden states = the ones the drafter was trained on")
-    assert rotated["verifier is the model the drafter was trained on"]  # a declared variant
+    assert not rotated["hidden states = the ones the drafter was trained on"]
+    assert not rotated["verifier is the model the drafter was trained on"]  # values differ
     true = checks(world["base"])
     assert true["hidden states = the ones the drafter was trained on"]
     assert true["verifier is the model the drafter was trained on"]

@@ -266,14 +266,14 @@ def check_verifier_identity(s: Subject) -> Check:
     """The verifier is the model the drafter was trained on
     (:mod:`specdraft.core.verifier_identity`): config, tokenizer, chat template and a sample of weight bytes against the drafter's record
     (else RUN/extract's); a quantized variant of it passes, named."""
-    from specdraft.core.verifier_identity import compare, drafter_identity, identify
+    from specdraft.core.verifier_identity import compare, drafter_identity, identify_like
 
     name = "verifier is the model the drafter was trained on"
     recorded = drafter_identity(s.drafter.path, s.drafter.config) or \
         (s.extract.verifier_identity if s.extract is not None else None)
     if s.verifier_path is None or recorded is None:
         return Check(name, True, "no verifier identity recorded with the drafter: not checked")
-    c = compare(recorded, identify(s.verifier_path, tokenizer=s.tokenizer))
+    c = compare(recorded, identify_like(recorded, s.verifier_path, tokenizer=s.tokenizer))
     return Check(name, c.kind != "other", c.line(),
                  f"point --verifier at the model the drafter was trained on "
                  f"({recorded.get('path')}), or train a drafter for this one")

@@ -11,9 +11,18 @@ module records, cheaply enough for a 1T-parameter checkpoint (no weights loaded)
   ``torch_dtype``) or where they came from;
 - ``quantization``: GPTQ / AWQ / compressed-tensors / bitsandbytes / FP8 from
   ``config.json``'s ``quantization_config``, or the GGUF file type and tensor types;
-- ``weights``: a SHA-256 over a fixed sample of the weight bytes (:data:`SAMPLE_TENSORS` tensors
-  picked evenly from the sorted tensor names, :data:`SAMPLE_BYTES` bytes at the start, middle
-  and end of each), read from the safetensors headers / GGUF tensor table directly;
+- ``weights``: a fingerprint every tensor contributes to (:func:`weights_fingerprint`): the
+  tensor table (names, dtypes, shapes), and from each tensor :data:`STRATA` windows of
+  :data:`WINDOW` bytes, one in each equal stratum of its bytes at an offset drawn from the
+  tensor's name (a tensor smaller than that is read whole), hashed per layer (``groups``: a
+  fine-tune of one layer is named) and as a whole; ``scheme="full"`` hashes every byte instead.
+  Read from the safetensors headers / GGUF tensor table directly, never loading the model. The
+  sampled scheme reads ``STRATA * WINDOW`` bytes per tensor (under 1 GB for 10^6 tensors); it
+  cannot see a change that misses every window (a few rows of a large tensor): ``full`` can, at
+  the disk's read speed (docs/verifier-binding.md has both costs per GB, measured);
+- ``values``: for float tensors (F32/F16/BF16), :data:`VALUES_PER_TENSOR` element values at
+  fixed strata of each tensor, so that a copy in another float dtype is accepted as a
+  ``variant`` only when its values agree within that dtype's rounding (:func:`compare`);
 - ``tokenizer_sha256`` / ``chat_template_sha256``: the vocabulary, added tokens, special ids and
   the ids of a fixed probe text; the chat template string.
 
@@ -29,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,15 +46,23 @@ from typing import Any, Literal
 
 from specdraft.core.errors import ConfigError
 
-IDENTITY_VERSION = 1
-SAMPLE_TENSORS = 8        # tensors whose bytes are sampled
-SAMPLE_BYTES = 4096       # bytes read at the start, middle and end of each sampled tensor
+IDENTITY_VERSION = 2
+STRATA = 4                # windows per tensor, one per equal stratum of its bytes
+WINDOW = 256              # bytes per window
+VALUES_PER_TENSOR = 4     # element values recorded per float tensor (the variant check)
+# Relative tolerance of a value re-stored in each float dtype: one round-to-nearest moves a
+# value by at most half an ulp, 2^-(mantissa bits + 1) of it (bf16: 7 bits, 2^-8; f16: 10 bits,
+# 2^-11, doubled for subnormal-adjacent values; f32: 23 bits). A variant's value must be within
+# the coarser dtype's of the recorded one: a 1 % fine-tune re-stored in bf16 is not.
+FLOAT_RTOL = {"F32": 2 ** -23, "F16": 2 ** -10, "BF16": 2 ** -8}
+_V1_SAMPLE_TENSORS, _V1_SAMPLE_BYTES = 8, 4096  # identity version 1 (records made before v2)
 # Keys of a normalised config that say how or where the weights are stored, not which model.
 STORAGE_KEYS = ("quantization_config", "torch_dtype", "dtype", "_name_or_path",
                 "transformers_version", "_commit_hash", "architectures", "use_cache",
                 "_attn_implementation", "_attn_implementation_autoset", "output_attentions",
                 "output_hidden_states", "return_dict", "auto_map")
 PROBE_TEXT = "Verifier identity probe: 12,345 × ½ = ? Привет 你好 <think> def f(x): return x**2\n"
+Scheme = Literal["sampled", "full"]
 Kind = Literal["same", "variant", "other", "unknown"]
 
 
@@ -91,9 +109,15 @@ def _gguf_quantization(reader: Any) -> dict[str, Any]:
     return {"method": "gguf", "file_type": file_type, "tensor_types": dict(sorted(types.items()))}
 
 
-def describe_quantization(q: dict[str, Any] | None, dtype: str | None = None) -> str:
-    """``"gptq 4-bit, group 128"``, ``"gguf MOSTLY_Q4_1"``, or the float dtype."""
+def describe_quantization(q: dict[str, Any] | None, dtype: str | None = None,
+                          stored: dict[str, int] | None = None) -> str:
+    """``"gptq 4-bit, group 128"``, ``"gguf MOSTLY_Q4_1"``, or the float dtype (``stored``: the
+    fingerprint's tensors per dtype, named when config.json's dtype is not what is stored)."""
     if q is None:
+        kinds = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+        held = [kinds.get(k, k) for k in (stored or {})]
+        if held and held != [dtype]:
+            return f"unquantized (stored {'/'.join(held)}; config says {dtype})"
         return f"unquantized ({dtype or 'dtype unknown'})"
     if q["method"] == "gguf":
         return f"gguf {q.get('file_type')}"
@@ -142,32 +166,112 @@ def _gguf_table(reader: Any) -> list[_Tensor]:
                     int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
 
 
-def _sample_ranges(t: _Tensor) -> list[tuple[int, int]]:
-    """``(offset, length)`` of the start, middle and end :data:`SAMPLE_BYTES` of ``t``."""
-    n = min(SAMPLE_BYTES, t.nbytes)
-    starts = sorted({0, max(0, (t.nbytes - n) // 2), t.nbytes - n})
-    return [(t.start + s, n) for s in starts]
+def _windows(t: _Tensor) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the bytes of ``t`` that the sampled scheme reads: the whole
+    tensor when it is at most ``2 * STRATA * WINDOW`` bytes, else one :data:`WINDOW` in each of
+    :data:`STRATA` equal strata, at an offset drawn from the tensor's name (deterministic, and
+    not the same place in every tensor)."""
+    if t.nbytes <= 2 * STRATA * WINDOW:
+        return [(t.start, t.nbytes)]
+    out, seed = [], hashlib.sha256(t.name.encode()).digest()
+    for s in range(STRATA):
+        lo, hi = s * t.nbytes // STRATA, (s + 1) * t.nbytes // STRATA
+        jitter = int.from_bytes(seed[4 * s:4 * s + 4], "little") % (hi - lo - WINDOW + 1)
+        out.append((t.start + lo + jitter, WINDOW))
+    return out
 
 
-def weights_fingerprint(directory: Path, gguf: Any = None) -> dict[str, Any]:
-    """SHA-256 of the tensor table (names, dtypes, shapes) and of the sampled bytes of
-    :data:`SAMPLE_TENSORS` tensors evenly spaced over the sorted names; reads at most
-    ``3 · SAMPLE_TENSORS · SAMPLE_BYTES`` bytes of weights (96 KiB), whatever the model size.
-    Raises :class:`ConfigError` when no weights file is found."""
+def _full_ranges(t: _Tensor, chunk: int = 1 << 23) -> list[tuple[int, int]]:
+    return [(t.start + o, min(chunk, t.nbytes - o)) for o in range(0, t.nbytes, chunk)] or \
+        [(t.start, 0)]
+
+
+_LAYER = re.compile(r"(?:^|\.)(?:layers|blk|h|block|blocks)\.(\d+)\.")
+
+
+def layer_group(name: str) -> str:
+    """``"layer 29"`` for a decoder layer's tensor (HF ``model.layers.29.…``, GGUF ``blk.29.…``),
+    else ``"other"`` (embeddings, final norm, head)."""
+    m = _LAYER.search(name)
+    return f"layer {m.group(1)}" if m else "other"
+
+
+def weights_fingerprint(directory: Path, gguf: Any = None, *,
+                        scheme: Scheme = "sampled") -> dict[str, Any]:
+    """The weights' fingerprint (module doc): ``{"scheme", "sha256", "groups": {layer group:
+    sha256[:16]}, "n_tensors", "bytes_read", "values"}``. Every tensor contributes; ``scheme``
+    ``"full"`` reads every byte; ``dtypes``: tensors per stored dtype (how the weights are
+    stored, whatever config.json says). Raises :class:`ConfigError` when no weights file is
+    found."""
     table = _gguf_table(gguf) if gguf is not None else _safetensors_table(directory)
     if not table:
         raise ConfigError(f"--verifier {directory}: no *.safetensors weights to fingerprint")
     table.sort(key=lambda t: t.name)
-    k = min(SAMPLE_TENSORS, len(table))
+    groups: dict[str, Any] = {}
+    read, values = 0, {}
+    ranges = _full_ranges if scheme == "full" else _windows
+    handles: dict[Path, Any] = {}
+    try:
+        for t in table:
+            fh = handles.get(t.file) or handles.setdefault(t.file, open(t.file, "rb"))
+            h = groups.setdefault(layer_group(t.name), hashlib.sha256())
+            h.update(json.dumps([t.name, t.dtype, list(t.shape)]).encode())
+            for offset, length in ranges(t):
+                fh.seek(offset)
+                h.update(fh.read(length))
+                read += length
+            if gguf is None and t.dtype in FLOAT_RTOL:
+                values[t.name] = [t.dtype, _values(fh, t)]
+    finally:
+        for fh in handles.values():
+            fh.close()
+    digests = {g: h.hexdigest()[:16] for g, h in sorted(groups.items())}
+    dtypes: dict[str, int] = {}
+    for t in table:
+        dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
+    return {"scheme": scheme, "sha256": _sha256(digests), "groups": digests,
+            "n_tensors": len(table), "dtypes": dict(sorted(dtypes.items())),
+            "bytes_read": read, "values": values}
+
+
+def _values(fh: Any, t: _Tensor) -> list[float]:
+    """:data:`VALUES_PER_TENSOR` elements of a float tensor, one at the middle of each equal
+    stratum of its elements, as Python floats (rounded to 9 significant digits for JSON)."""
+    size = {"F32": 4, "F16": 2, "BF16": 2}[t.dtype]
+    n = t.nbytes // size
+    out = []
+    for i in range(min(VALUES_PER_TENSOR, n)):
+        fh.seek(t.start + size * ((2 * i + 1) * n // (2 * min(VALUES_PER_TENSOR, n))))
+        raw = fh.read(size)
+        if t.dtype == "F32":
+            v = struct.unpack("<f", raw)[0]
+        elif t.dtype == "F16":
+            v = struct.unpack("<e", raw)[0]
+        else:  # bfloat16: the high half of a float32
+            v = struct.unpack("<f", b"\x00\x00" + raw)[0]
+        out.append(float(f"{v:.9g}"))
+    return out
+
+
+def _v1_fingerprint(directory: Path, gguf: Any = None) -> dict[str, Any]:
+    """Identity version 1's fingerprint (8 tensors evenly spaced over the sorted names, 4 KiB
+    at the start, middle and end of each), kept to compare with drafters recorded before
+    version 2."""
+    table = _gguf_table(gguf) if gguf is not None else _safetensors_table(directory)
+    if not table:
+        raise ConfigError(f"--verifier {directory}: no *.safetensors weights to fingerprint")
+    table.sort(key=lambda t: t.name)
+    k = min(_V1_SAMPLE_TENSORS, len(table))
     picked = [table[round(i * (len(table) - 1) / max(k - 1, 1))] for i in range(k)]
     h = hashlib.sha256(_sha256([[t.name, t.dtype, list(t.shape)] for t in table]).encode())
     read = 0
     for t in dict.fromkeys(picked):
         with open(t.file, "rb") as fh:
-            for offset, length in _sample_ranges(t):
-                fh.seek(offset)
-                h.update(fh.read(length))
-                read += length
+            n = min(_V1_SAMPLE_BYTES, t.nbytes)
+            for start in sorted({0, max(0, (t.nbytes - n) // 2), t.nbytes - n}):
+                fh.seek(t.start + start)
+                h.update(fh.read(n))
+                read += n
     return {"sha256": h.hexdigest(), "n_tensors": len(table),
             "sampled": [t.name for t in dict.fromkeys(picked)], "bytes_read": read}
 
@@ -205,24 +309,41 @@ def _stamp(directory: str, gguf_file: str | None) -> tuple:
 
 
 def identify(verifier: str | os.PathLike, *, tokenizer: Any = None,
-             trust_remote_code: bool = False) -> dict[str, Any]:
+             trust_remote_code: bool = False, scheme: Scheme | Literal["v1"] = "sampled"
+             ) -> dict[str, Any]:
     """The identity record of ``verifier`` (HF directory, ``.gguf`` file or ``smollm2``):
-    config hash and normalised config, quantization, weight fingerprint, tokenizer and chat
-    template hashes. Reads config, tokenizer and a few KiB of weights; never loads the model.
+    config hash and normalised config, quantization, weight fingerprint (``scheme``: sampled,
+    full, or ``v1`` to compare with a version-1 record), tokenizer and chat template hashes.
+    Reads config, tokenizer and a sample of the weights; never loads the model.
     ``tokenizer``: an already loaded tokenizer of the same path (saves loading it again).
     Cached per process by the files' sizes and mtimes."""
     from specdraft.core.verifier import resolve_verifier
 
     directory, gguf_file = resolve_verifier(verifier)
-    key = (str(Path(directory).resolve()), gguf_file, trust_remote_code,
+    key = (str(Path(directory).resolve()), gguf_file, trust_remote_code, scheme,
            _stamp(directory, gguf_file))
     if key not in _CACHE:
-        _CACHE[key] = _identify(directory, gguf_file, verifier, tokenizer, trust_remote_code)
+        _CACHE[key] = _identify(directory, gguf_file, verifier, tokenizer, trust_remote_code,
+                                scheme)
     return {**_CACHE[key], "path": str(verifier)}
 
 
+def recorded_scheme(recorded: dict[str, Any] | None) -> str:
+    """The fingerprint scheme of a record: ``v1`` for version-1 records, else its ``scheme``."""
+    if not recorded or recorded.get("version", 1) < 2:
+        return "v1"
+    return (recorded.get("weights") or {}).get("scheme", "sampled")
+
+
+def identify_like(recorded: dict[str, Any] | None, verifier: str | os.PathLike,
+                  **kw: Any) -> dict[str, Any]:
+    """:func:`identify` ``verifier`` with the fingerprint scheme ``recorded`` was made with, so
+    that :func:`compare` compares like with like."""
+    return identify(verifier, scheme=recorded_scheme(recorded), **kw)
+
+
 def _identify(directory: str, gguf_file: str | None, verifier: str | os.PathLike,
-              tokenizer: Any, trust_remote_code: bool) -> dict[str, Any]:
+              tokenizer: Any, trust_remote_code: bool, scheme: str) -> dict[str, Any]:
     from specdraft.core.profile import load_hf_config
     from specdraft.core.verifier import load_tokenizer
 
@@ -236,11 +357,12 @@ def _identify(directory: str, gguf_file: str | None, verifier: str | os.PathLike
     if tokenizer is None:
         tokenizer = load_tokenizer(verifier, trust_remote_code=trust_remote_code)
     dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
-    return {"version": IDENTITY_VERSION, "path": str(verifier),
+    weights = _v1_fingerprint(Path(directory), gguf) if scheme == "v1" else \
+        weights_fingerprint(Path(directory), gguf, scheme=scheme)
+    return {"version": 1 if scheme == "v1" else IDENTITY_VERSION, "path": str(verifier),
             "config_sha256": _sha256(config), "config": config,
             "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
-            "quantization": quantization(hf, gguf),
-            "weights": weights_fingerprint(Path(directory), gguf),
+            "quantization": quantization(hf, gguf), "weights": weights,
             **tokenizer_hashes(tokenizer)}
 
 
@@ -248,25 +370,37 @@ def _identify(directory: str, gguf_file: str | None, verifier: str | os.PathLike
 class Comparison:
     """How a given verifier relates to the recorded one.
 
-    ``kind``: ``same`` (config, quantization, tokenizer, template and weight sample equal),
-    ``variant`` (same config, tokenizer and template; only the storage differs: quantization,
-    dtype and so the weight bytes), ``other`` (anything else: ``differences`` names it), or
-    ``unknown`` (nothing recorded: a drafter made before identities existed).
+    ``kind``: ``same`` (config, quantization, tokenizer, template and weight fingerprint equal),
+    ``variant`` (same config, tokenizer and template, stored in another dtype or quantization;
+    ``weights_checked``: its float values agreed with the recorded ones within the coarser
+    dtype's rounding, else they could not be compared: packed quantization, renamed tensors,
+    and only the hidden-state probe vouches for it), ``other`` (anything else, a variant whose
+    values disagree included: ``differences`` names it), or ``unknown`` (nothing recorded: a
+    drafter made before identities existed).
     """
 
     kind: Kind
     differences: list[str] = field(default_factory=list)
     recorded: str = ""  # describe_quantization of each side
     given: str = ""
+    weights_checked: bool = True
 
     def line(self) -> str:
         """The one line the stages print."""
+        if self.kind == "same" and not self.weights_checked:
+            return ("verifier: config, tokenizer and storage of the model the drafter was "
+                    "trained on; weights not compared (fingerprinted by another specdraft "
+                    "version)")
         if self.kind == "same":
             return "verifier: the model the drafter was trained on (config, tokenizer, weights)"
         if self.kind == "variant":
-            return (f"verifier: a quantized variant of the model the drafter was trained on "
-                    f"(served {self.given}; trained on {self.recorded}); allowed: same config "
-                    f"and tokenizer; the hidden-state probe checks its hidden basis")
+            how = ("its float values agree with the recorded ones within the dtype's rounding"
+                   if self.weights_checked else "its weights could not be compared with the "
+                   "recorded ones (packed or renamed tensors): only the hidden-state probe "
+                   "vouches for it")
+            return (f"verifier: a variant of the model the drafter was trained on (served "
+                    f"{self.given}; trained on {self.recorded}); allowed: same config and "
+                    f"tokenizer, {how}")
         if self.kind == "unknown":
             return "verifier: no identity recorded with the drafter (made before specdraft " \
                    "recorded one): not checked"
@@ -275,7 +409,8 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "differences": self.differences, "recorded": self.recorded,
-                "given": self.given, "line": self.line()}
+                "given": self.given, "weights_checked": self.weights_checked,
+                "line": self.line()}
 
 
 def _config_differences(a: dict[str, Any], b: dict[str, Any], limit: int = 8) -> list[str]:
@@ -286,8 +421,39 @@ def _config_differences(a: dict[str, Any], b: dict[str, Any], limit: int = 8) ->
     return [f"config fields {', '.join(shown)}{more} (trained on != given)"] if keys else []
 
 
+def _groups_named(groups: list[str], limit: int = 6) -> str:
+    more = f" (+{len(groups) - limit} more)" if len(groups) > limit else ""
+    return ", ".join(groups[:limit]) + more
+
+
+def value_differences(recorded: dict[str, Any], given: dict[str, Any]
+                      ) -> tuple[list[str], bool]:
+    """``(groups whose float values disagree, comparable)`` between two fingerprints'
+    ``values``: comparable when every recorded float tensor has values in ``given``; a pair
+    agrees when ``|a - b| <= rtol * max(|a|, |b|) + 1e-7`` with ``rtol`` the coarser dtype's
+    (:data:`FLOAT_RTOL`)."""
+    rv, gv = recorded.get("values") or {}, given.get("values") or {}
+    if not rv or any(name not in gv for name in rv):
+        return [], False
+    bad = set()
+    for name, (rdt, rvals) in rv.items():
+        gdt, gvals = gv[name]
+        rtol = max(FLOAT_RTOL.get(rdt, 0.0), FLOAT_RTOL.get(gdt, 0.0))
+        if len(rvals) != len(gvals) or any(abs(a - b) > rtol * max(abs(a), abs(b)) + 1e-7
+                                           for a, b in zip(rvals, gvals)):
+            bad.add(layer_group(name))
+    return sorted(bad, key=_group_order), True
+
+
+def _group_order(g: str) -> tuple[int, int]:
+    return (0, int(g.split()[1])) if g.startswith("layer ") else (1, 0)
+
+
 def compare(recorded: dict[str, Any] | None, given: dict[str, Any]) -> Comparison:
-    """Classify ``given`` against ``recorded`` (both :func:`identify` records)."""
+    """Classify ``given`` against ``recorded`` (both :func:`identify` records; a fresh ``given``
+    is made with the recorded scheme, :func:`identify_like`). Two records of different
+    fingerprint schemes (a drafter recorded by an older specdraft against a newer run) compare
+    everything but the weights, and say so (``weights_checked`` false)."""
     if not recorded:
         return Comparison("unknown")
     diffs = _config_differences(recorded.get("config", {}), given["config"])
@@ -296,20 +462,41 @@ def compare(recorded: dict[str, Any] | None, given: dict[str, Any]) -> Compariso
                      "encodes)")
     if recorded.get("chat_template_sha256") != given["chat_template_sha256"]:
         diffs.append("chat template")
-    rq = describe_quantization(recorded.get("quantization"), recorded.get("dtype"))
-    gq = describe_quantization(given.get("quantization"), given.get("dtype"))
+    rw, gw = recorded.get("weights") or {}, given["weights"]
+    rq = describe_quantization(recorded.get("quantization"), recorded.get("dtype"),
+                               rw.get("dtypes"))
+    gq = describe_quantization(given.get("quantization"), given.get("dtype"), gw.get("dtypes"))
     storage_same = (recorded.get("quantization") == given.get("quantization")
-                    and recorded.get("dtype") == given.get("dtype"))
-    weights_same = (recorded.get("weights") or {}).get("sha256") == given["weights"]["sha256"]
+                    and recorded.get("dtype") == given.get("dtype")
+                    and (rw.get("dtypes") == gw.get("dtypes")
+                         or None in (rw.get("dtypes"), gw.get("dtypes"))))  # v1: none
+    if recorded_scheme(recorded) != recorded_scheme(given) and not diffs:
+        return Comparison("same" if storage_same else "variant", recorded=rq, given=gq,
+                          weights_checked=False)
+    weights_same = rw.get("sha256") == gw["sha256"]
     if not diffs and storage_same and weights_same:
         return Comparison("same", recorded=rq, given=gq)
     if not diffs and not storage_same:
-        return Comparison("variant", recorded=rq, given=gq)
-    if not weights_same and storage_same:
-        diffs.append(f"weights (sampled bytes of {given['weights']['n_tensors']} tensors: "
-                     f"{(recorded.get('weights') or {}).get('sha256', '?')[:12]} != "
-                     f"{given['weights']['sha256'][:12]}; same config and storage {gq})")
+        bad, comparable = value_differences(rw, gw)
+        if not bad:
+            return Comparison("variant", recorded=rq, given=gq, weights_checked=comparable)
+        diffs.append(f"weights: float values differ beyond the stored dtypes' rounding in "
+                     f"{_groups_named(bad)} (served {gq}: a fine-tune stored in another "
+                     f"dtype?)")
+    elif not weights_same:
+        diffs.append(_weights_difference(rw, gw, gq))
     return Comparison("other", diffs, recorded=rq, given=gq)
+
+
+def _weights_difference(rw: dict[str, Any], gw: dict[str, Any], storage: str) -> str:
+    """The weights clause of a refusal: the layer groups whose fingerprint differs."""
+    rg, gg = rw.get("groups") or {}, gw.get("groups") or {}
+    groups = sorted((g for g in set(rg) | set(gg) if rg.get(g) != gg.get(g)), key=_group_order)
+    what = f"in {_groups_named(groups)}" if groups else \
+        f"{(rw.get('sha256') or '?')[:12]} != {gw['sha256'][:12]}"
+    scheme = gw.get("scheme", "v1 sample")
+    return (f"weights ({scheme} fingerprint of {gw['n_tensors']} tensors differs {what}; "
+            f"same config and storage {storage})")
 
 
 def drafter_identity(drafter_dir: str | os.PathLike, config: Any = None) -> dict[str, Any] | None:
@@ -344,7 +531,8 @@ def bind(recorded: dict[str, Any] | None, verifier: str, *, allow_other: bool, f
         print(c.line(), file=sys.stderr)
         return {**c.to_dict(), "allowed_by_flag": False, "refusal": None,
                 "served": {"path": str(verifier)}}
-    given = identify(verifier, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
+    given = identify_like(recorded, verifier, tokenizer=tokenizer,
+                          trust_remote_code=trust_remote_code)
     c = compare(recorded, given)
     refusal = None
     if c.kind == "other" and not allow_other:
