@@ -57,6 +57,7 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
     ("train", "dflash_gamma"): (["--drafter", "dflash", "--dflash-gamma", "3.5"], 3.5),
     ("train", "dflash_mask_token_id"): (["--drafter", "dflash", "--dflash-mask-token-id", "7"],
                                         7),
+    ("train", "report_to"): (["--report-to", "wandb,mlflow"], "wandb,mlflow"),
     ("extract", "engine_args"): (["--engine-args", '{"max_num_seqs": 8}'], {"max_num_seqs": 8}),
     ("eval", "num_draft_tokens"): (["--num-draft-tokens", "5"], 5),
     ("eval", "sweep"): (["--sweep", "2,3,5x4x8"], "2,3,5x4x8"),

@@ -22,9 +22,13 @@ WEIGHTS = "model.safetensors"
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
-    from conftest import make_tiny_verifier
+    import importlib.util
 
-    return make_tiny_verifier(tmp_path_factory.mktemp("fp") / "base", smollm2_tokenizer_dir,
+    spec = importlib.util.spec_from_file_location(
+        "fp_root_conftest", Path(__file__).resolve().parents[1] / "conftest.py")
+    root = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root)
+    return root.make_tiny_verifier(tmp_path_factory.mktemp("fp") / "base", smollm2_tokenizer_dir,
                               layers=4, hidden=64)
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,8 @@ def _wandb_records(path: Path) -> list:
             pos += left
             continue
         length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):  # a chunk still being written
+            break
         parts += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
@@ -91,7 +94,13 @@ def test_wandb_offline_run_file(tmp_path, monkeypatch):
     _log_all(("wandb",), tmp_path)
     files = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1
-    records = _wandb_records(files[0])
+    deadline = time.monotonic() + 120  # wandb-core may still be writing the file: wait for
+    while True:                        # its closing record (a bound for a hang, not a timing)
+        records = _wandb_records(files[0])
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json)
                 for i in r.history.item} for r in records
                if r.WhichOneof("record_type") == "history"]
@@ -131,3 +140,29 @@ def test_trackio_local_store(tmp_path):
     assert by_step[(10, "train/loss")] == 2.5 and by_step[(20, "train/loss")] == 2.0
     assert by_step[(20, "val/tau")] == 1.75 and by_step[(10, "train/acc/step1")] == 0.25
     assert got["config"]["ttt_steps"] == 2
+
+
+def test_a_training_run_reports_what_metrics_jsonl_holds(run_dir, verifier, source):
+    """`train --report-to tensorboard,mlflow`: MLflow's record of the run equals
+    metrics.jsonl (loss and per-step accuracy at each logged step, validation tau, the
+    config as parameters); rank 0 only is the single-process case here."""
+    import mlflow
+
+    from specdraft.train.config import TrainConfig
+    from specdraft.train.run import run
+
+    cfg = TrainConfig(run_dir=run_dir, max_steps=20, ttt_steps=2,
+                      batch_tokens=144, val_fraction=0.2, eval_every=10, save_every=10,
+                      log_every=5, report_to="tensorboard,mlflow", teacher_check=False)
+    run(cfg, verifier=verifier, source=source)
+    out = cfg.run_dir / "train"
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    client = mlflow.MlflowClient(tracking_uri=(out / "mlruns").resolve().as_uri())
+    r = client.search_runs([client.get_experiment_by_name("specdraft").experiment_id])[0]
+    loss = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "train/loss")}
+    assert loss == {x["step"]: pytest.approx(x["loss"]) for x in recs if x["split"] == "train"}
+    tau = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "val/tau")}
+    assert tau == {x["step"]: pytest.approx(x["tau"]) for x in recs if x["split"] == "val"}
+    assert r.data.params["ttt_steps"] == "2" and r.data.params["report_to"] == \
+        "tensorboard,mlflow"
+    assert any((out / "tb").iterdir())

@@ -26,12 +26,14 @@ from specdraft.core.errors import StageDirError
 
 SETTINGS_FILE = "settings.json"
 
-# Settings a resume may change, per stage: none of them changes a byte of the stage's output.
+# Settings a resume may change, per stage: none of them changes the weights, shards or answers
+# the stage computes (docs/resume-and-dtypes.md says what each one does change).
 MAY_CHANGE: dict[str, frozenset[str]] = {
-    # Checkpoint cadence, logging and validation cadence (validation reads the model, never
-    # the RNG nor the optimizer), and the pre-flight teacher check (it runs before step 0).
-    "train": frozenset({"save_every", "keep_checkpoints", "log_every", "eval_every",
-                        "teacher_check", "teacher_check_rows"}),
+    # Checkpoint cadence, logging and its trackers, validation cadence (validation reads the
+    # model, never the RNG nor the optimizer; but the validated steps decide which one lands
+    # in best/), and the pre-flight teacher check (it runs before step 0).
+    "train": frozenset({"save_every", "keep_checkpoints", "log_every", "report_to",
+                        "eval_every", "teacher_check", "teacher_check_rows"}),
     # The end-of-run spot check (--verify N rows, its --seed) reads the shards, never writes them.
     "extract": frozenset({"verify", "seed"}),
     # Transport and bookkeeping of the requests, and which prefix of the prompt file is used;

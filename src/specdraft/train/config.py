@@ -132,6 +132,10 @@ class TrainConfig(StageConfig):
                                                   "and refuse out-of-band hidden states.")
     teacher_check_rows: int = Field(4, ge=1, description="Rows the teacher check runs the "
                                                          "verifier on.")
+    report_to: str = Field("tensorboard", description="Experiment trackers, comma-separated: "
+                                                      "tensorboard, wandb, trackio, mlflow, or "
+                                                      "none (rank 0; the resolved config as "
+                                                      "hyper-parameters; docs/stages.md).")
     resume: bool = Field(False, description="Continue from the newest readable checkpoint.")
     overwrite: bool = Field(False, description="Delete RUN/train and start over.")
 
@@ -144,6 +148,13 @@ class TrainConfig(StageConfig):
             raise ValueError("--online needs --verifier (the model run inside the training step)")
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite exclude each other")
+        from specdraft.core.errors import ConfigError
+        from specdraft.train.trackers import parse_report_to
+
+        try:
+            parse_report_to(self.report_to)
+        except ConfigError as err:  # said as a pydantic error on the flag
+            raise ValueError(str(err)) from None
         given = {f for f in self.model_fields_set  # a default spelled out (a dumped config)
                  if getattr(self, f) != type(self).model_fields[f].default}
         other = sorted((EAGLE3_ONLY if self.drafter == "dflash" else DFLASH_ONLY) & given)

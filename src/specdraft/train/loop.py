@@ -313,33 +313,37 @@ def trim_metrics(path: Path, step: int) -> None:
 
 
 class Logger:
-    """metrics.jsonl + TensorBoard (rank 0 only); every record carries ``step`` and ``split``."""
+    """metrics.jsonl and the ``--report-to`` trackers (:mod:`specdraft.train.trackers`; rank 0
+    only); every record carries ``step`` and ``split``, and every tracker gets its numbers."""
 
-    def __init__(self, out: Path, env: StageContext, start_step: int) -> None:
+    def __init__(self, out: Path, env: StageContext, start_step: int, *,
+                 report_to: tuple[str, ...] = ("tensorboard",),
+                 config: dict[str, Any] | None = None) -> None:
         self.env = env
-        self.jsonl = self.tb = None
+        self.jsonl, self.trackers = None, []
         if env.is_main:
+            from specdraft.train.trackers import open_trackers
+
             trim_metrics(out / "metrics.jsonl", start_step)
             self.jsonl = JsonlWriter(out / "metrics.jsonl")
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1)
+            self.trackers = open_trackers(report_to, out, run_name=out.parent.name,
+                                          config=config or {}, start_step=start_step)
 
     def write(self, step: int, split: str, values: dict[str, Any]) -> None:
         if not self.env.is_main:
             return
+        from specdraft.train.trackers import scalars
+
         self.jsonl.write_batch([{"step": step, "split": split, **values}])
-        for name, v in values.items():
-            if isinstance(v, list):
-                for k, x in enumerate(v):
-                    self.tb.add_scalar(f"{split}/{name}/step{k}", x, step)
-            elif isinstance(v, (int, float)):
-                self.tb.add_scalar(f"{split}/{name}", v, step)
+        numbers = scalars(split, values)
+        for tracker in self.trackers:
+            tracker.log(numbers, step)
 
     def close(self) -> None:
         if self.env.is_main:
             self.jsonl.close()
-            self.tb.close()
+            for tracker in self.trackers:
+                tracker.close()
 
 
 def log_window(tr: Trainer, window: Window, logger: Logger, gnorm: float) -> Window:
@@ -376,7 +380,10 @@ def fit(tr: Trainer, *, resume: bool = False) -> dict[str, Any]:
     from tqdm import tqdm
 
     resumed = tr.restore() if resume else False
-    logger = Logger(tr.out, tr.env, tr.step)
+    from specdraft.train.trackers import parse_report_to
+
+    logger = Logger(tr.out, tr.env, tr.step, report_to=parse_report_to(tr.cfg.report_to),
+                    config=tr.cfg.to_dict())
     if tr.env.is_main:
         why = " (--dtype auto: resolve_train_dtype)" if tr.cfg.dtype == "auto" else ""
         print(f"train: compute dtype {tr.dtype}{why}", flush=True)
