@@ -113,3 +113,21 @@ def test_flop_count_is_torch_matmul_count_plus_the_causal_attention():
         attention = 3 * 2 * 2 * heads * (d_qk + d_v) * pairs  # 3 = forward + 2 x backward
         assert counter.get_total_flops() > 0
         assert gpu_check.train_flops(model, batch, steps) == counter.get_total_flops() + attention
+
+
+def test_drafter_rotary_takes_the_call_of_the_h200s_transformers():
+    """transformers 5.17 (the lent H200's) calls ``rope_init_fn(config, device)``, 5.25 (this
+    venv's) ``rope_init_fn(config)``: the drafter's default rotary answers both alike (it raised
+    TypeError under 5.17, found by the dry run with transformers 5.17 on the path)."""
+    from specdraft.models.eagle3 import DraftRotaryEmbedding, Eagle3Config
+
+    c = Eagle3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     intermediate_size=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+                     max_position_embeddings=128, vocab_size=512, draft_vocab_size=256,
+                     target_hidden_size=64, aux_layer_ids=(1, 2, 3), partial_rotary_factor=0.5)
+    rc = c.rotary_config()
+    new, scale = DraftRotaryEmbedding.compute_default_rope_parameters(rc)
+    old, scale_old = DraftRotaryEmbedding.compute_default_rope_parameters(rc, torch.device("cpu"))
+    expected = 1.0 / 10000.0 ** (torch.arange(0, 8, 2).float() / 8)  # rotary dim 16 * 0.5
+    assert torch.equal(new, old) and scale == scale_old == 1.0
+    torch.testing.assert_close(new, expected)
