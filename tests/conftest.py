@@ -16,13 +16,24 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """``../shared/data`` beside the repository (GSM8K, MT-bench); skip when absent."""
+    """``../shared/data`` beside the repository (GSM8K, MT-bench); skipped when absent, a
+    failure under CI (:func:`prerequisites.missing`)."""
+    from prerequisites import missing
+
     path = SHARED / "data"
     if not path.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{path} not present: CI must have ../shared beside the checkout")
-        pytest.skip(f"{path} not present (real-data tests need ../shared/data beside the repo)")
+        missing(f"{path} not present", "real-data tests need ../shared/data beside the repo")
     return path
+
+
+@pytest.fixture(scope="session")
+def speculators_python() -> Path:
+    """Python of ``REPO/.venv-speculators`` (speculators 0.9.0), built when missing by the one
+    recipe of ``benchmarks/peer_data.py`` (:func:`peer_data.peer_python`, needs PyPI); skipped
+    when it cannot be built, a failure under CI (:func:`prerequisites.missing`)."""
+    from prerequisites import speculators_python_or_skip
+
+    return speculators_python_or_skip()
 
 
 @pytest.fixture(scope="session")

@@ -28,12 +28,10 @@ def vllm_python_or_skip() -> str:
     the real-engine tests; skipped when absent, a failure under ``CI``."""
     import os
 
-    import pytest
+    from prerequisites import missing
 
     repo = Path(__file__).resolve().parents[1]
     path = os.environ.get("SPECDRAFT_VLLM_PYTHON") or str(repo / ".venv-vllm" / "bin" / "python")
     if not Path(path).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{path} not found: CI must have the vLLM venv (make install-vllm)")
-        pytest.skip(f"{path} not found (the real-engine tests need make install-vllm)")
+        missing(f"{path} not found", "the real-engine tests need the vLLM venv: make install-vllm")
     return path

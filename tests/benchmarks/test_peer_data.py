@@ -3,7 +3,6 @@ exact values on a hand-sized row, and (slow) the peer's own dataset class readin
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,12 +78,11 @@ def test_wrong_positions_refused():
 
 
 def peer_python_or_skip() -> Path:
-    try:
-        return peer_data.peer_python(REPO)
-    except RuntimeError as err:
-        if os.environ.get("CI"):
-            pytest.fail(f"the speculators venv is needed under CI: {err}")
-        pytest.skip(str(err))
+    """The speculators venv (tests/conftest.py: skipped when it cannot be built, a failure
+    under CI)."""
+    from prerequisites import speculators_python_or_skip
+
+    return speculators_python_or_skip()
 
 
 @pytest.mark.slow

@@ -207,13 +207,20 @@ def test_planted_omitted_field_is_caught(tmp_path, six_layer_verifier, monkeypat
 
 
 def test_engine_table_matches_the_installed_vllm_source():
-    """The defaults of :data:`contract.ENGINE_READS` as vLLM 0.32's source spells them (skips
-    when the engine's venv is absent)."""
+    """The defaults of :data:`contract.ENGINE_READS` as vLLM 0.32's source spells them, read
+    from the vLLM venv's own ``vllm`` package (located by that venv's python, without importing
+    it; a missing venv skips here and fails under CI: :func:`stubs.vllm_python_or_skip`)."""
+    import subprocess
     from pathlib import Path
 
-    site = Path("/work/main/.venv-vllm/lib/python3.11/site-packages/vllm")
-    if not site.exists():
-        pytest.skip("no vLLM source here")
+    from stubs import vllm_python_or_skip
+
+    where = subprocess.run(
+        [vllm_python_or_skip(), "-c", "import importlib.util as u; "
+         "print(u.find_spec('vllm').submodule_search_locations[0])"],
+        capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, f"the vLLM venv has no vllm package: {where.stderr[-500:]}"
+    site = Path(where.stdout.strip())
     llama = (site / "model_executor/models/llama_eagle3.py").read_text()
     algos = (site / "transformers_utils/configs/speculators/algos.py").read_text()
     for name in ("norm_before_residual", "fc_norm", "norm_before_fc"):

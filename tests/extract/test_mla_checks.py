@@ -142,9 +142,11 @@ def test_quantized_checkpoint_transformers_cannot_load_is_named(tmp_path, kimi_v
 
     from specdraft.core.errors import InputError
 
-    pytest.importorskip("transformers")
     if __import__("importlib").util.find_spec("compressed_tensors") is not None:
-        pytest.skip("compressed-tensors is installed: transformers would try to load it")
+        from prerequisites import missing
+
+        missing("compressed-tensors is installed: transformers would try to load the checkpoint",
+                "a venv without compressed-tensors, as specdraft's own")
     q = tmp_path / "quantized"
     shutil.copytree(kimi_verifier, q)
     config = json.loads((q / "config.json").read_text())

@@ -37,7 +37,9 @@ def _free_port():
 def llama_server(smollm2_gguf, tmp_path_factory):
     """``python -m llama_cpp.server`` on 127.0.0.1 with the SmolLM2 GGUF; stopped afterwards."""
     if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama-cpp-python[server] is not installed (make install-server)")
+        from prerequisites import missing
+
+        missing("llama-cpp-python[server] is not installed", "make install-server")
     port = _free_port()
     log = open(tmp_path_factory.mktemp("llama") / "server.log", "w+")
     proc = subprocess.Popen(

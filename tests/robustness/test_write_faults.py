@@ -90,7 +90,10 @@ def _mount_read_only(path: Path) -> str:
     ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
                         capture_output=True)
     if ok.returncode != 0:
-        pytest.skip("root without mount permission: no read-only directory can be made")
+        from prerequisites import missing
+
+        missing("root without mount permission: no read-only directory can be made",
+                "run the tests as a non-root user, or as root allowed to mount tmpfs")
     return "mount"
 
 

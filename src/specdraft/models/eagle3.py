@@ -249,14 +249,15 @@ class DraftRotaryEmbedding(LlamaRotaryEmbedding):
     """transformers' Llama rotary (every rope type of ``ROPE_INIT_FUNCTIONS``, attention factor
     included) whose *default* type also honours ``partial_rotary_factor``: transformers 5.24's
     ``LlamaRotaryEmbedding.compute_default_rope_parameters`` spans the whole head, while its
-    scaled types, vLLM ``get_rope`` and SGLang rotate ``int(head_dim * factor)`` dims."""
+    scaled types, vLLM ``get_rope`` and SGLang rotate ``int(head_dim * factor)`` dims.
+    transformers up to 5.17 passes ``device`` as a second positional argument."""
 
     @staticmethod
-    def compute_default_rope_parameters(config: LlamaConfig, **kwargs: Any
+    def compute_default_rope_parameters(config: LlamaConfig, device: Any = None, **kwargs: Any
                                         ) -> tuple[torch.Tensor, float]:
         rope = config.rope_parameters
         dim = int(config.head_dim * rope.get("partial_rotary_factor", 1.0))
-        exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
         return 1.0 / (rope["rope_theta"] ** exponents), 1.0
 
 

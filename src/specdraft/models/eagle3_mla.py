@@ -160,7 +160,9 @@ class MLAAttention(nn.Module):
                                                          *cos_sin)
         q = torch.cat([q_nope, q_rope], dim=-1) * self.q_gain
         k = torch.cat([k_nope, k_rope.expand(-1, c.num_attention_heads, -1, -1)], dim=-1)
-        return q, k, F.pad(v, (0, c.head_dim - c.v_head_dim))
+        # Under autocast the fp32 rotary tables promote q and k to fp32 while v stays bf16; the
+        # fused kernels take one dtype (as Eagle3Attention.qkv): all three share v's.
+        return q.to(v.dtype), k.to(v.dtype), F.pad(v, (0, c.head_dim - c.v_head_dim))
 
     def out(self, o: torch.Tensor) -> torch.Tensor:
         """o [B, h, T, nope+rope] (padded values) -> [B, T, H]."""
