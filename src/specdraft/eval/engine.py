@@ -30,10 +30,11 @@ from typing import Any, Sequence
 
 from specdraft.artifacts.dflash_export import speculative_method
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.verifier import engine_hf_dir, resolve_dtype
+from specdraft.core.verifier import resolve_dtype
 from specdraft.engines.counters import vllm_figures
 from specdraft.engines.process import EngineError, stop
 from specdraft.engines.python import vllm_python
+from specdraft.engines.verifier_dir import engine_hf_dir
 from specdraft.eval.acceptance import acceptance_rule
 
 WORKER = Path(__file__).with_name("engine_worker.py")

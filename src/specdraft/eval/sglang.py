@@ -26,7 +26,8 @@ from typing import Any, Iterator, Sequence
 import httpx
 
 from specdraft.core.errors import InputError
-from specdraft.core.verifier import engine_hf_dir, resolve_dtype
+from specdraft.core.verifier import resolve_dtype
+from specdraft.engines.verifier_dir import engine_hf_dir
 from specdraft.eval.acceptance import acceptance_rule
 from specdraft.engines.process import EngineError, stop
 from specdraft.engines.python import sglang_python

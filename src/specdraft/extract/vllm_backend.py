@@ -131,8 +131,9 @@ def engine_dtype(config: Any) -> torch.dtype:
 
 def verifier_hf_dir(config: Any) -> Path:
     """The HF directory vLLM loads: ``--verifier`` itself, or a GGUF converted once under
-    ``RUN/verifier-hf`` (:func:`specdraft.core.verifier.engine_hf_dir`, shared with eval)."""
-    from specdraft.core.verifier import engine_hf_dir
+    ``RUN/verifier-hf`` (:func:`specdraft.engines.verifier_dir.engine_hf_dir`, shared with
+    eval)."""
+    from specdraft.engines.verifier_dir import engine_hf_dir
 
     return engine_hf_dir(config.verifier, config.run_dir)
 
