@@ -43,7 +43,8 @@ def test_a_second_engine_error_would_be_caught(tmp_path):
 
 @pytest.mark.parametrize("dtype, device, want", [
     ("auto", "cpu", "float32"), ("auto", "cuda", "bfloat16"), ("auto", "cuda:3", "bfloat16"),
-    ("bfloat16", "cpu", "bfloat16"), ("float32", "cuda", "float32"), ("float16", "cuda", "float16")])
+    ("bfloat16", "cpu", "bfloat16"), ("float32", "cuda", "float32"),
+    ("float16", "cuda", "float16")])
 def test_one_rule_for_auto_dtype(dtype, device, want):
     assert resolve_dtype(dtype, device) == want
 
