@@ -78,7 +78,8 @@ def compare_backends(args: argparse.Namespace) -> None:
     import os
 
     from extract_helpers import write_prepared
-    from specdraft.core.verifier import gguf_to_hf_dir, load_tokenizer, smollm2_gguf
+    from specdraft.core.verifier import load_tokenizer, smollm2_gguf
+    from specdraft.engines.verifier_dir import gguf_to_hf_dir
     from specdraft.extract.config import ExtractConfig
     from specdraft.extract.run import run
 

@@ -59,7 +59,7 @@ def rendered_prompts(args: argparse.Namespace) -> tuple[list[list[int]], list[in
 def engine_throughput(args: argparse.Namespace, ks: list[int]) -> dict[str, list[dict]]:
     """vLLM runs, interleaved: ``base`` (no drafter) and ``k{k}``, ``--reps`` times each."""
     from specdraft.artifacts.layout import RunLayout
-    from specdraft.core.verifier import engine_hf_dir
+    from specdraft.engines.verifier_dir import engine_hf_dir
     from specdraft.engines.python import vllm_python
     from specdraft.eval.engine import run_worker, vllm_job
 

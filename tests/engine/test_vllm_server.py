@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def smollm2_hf(tmp_path_factory):
-    from specdraft.core.verifier import gguf_to_hf_dir
+    from specdraft.engines.verifier_dir import gguf_to_hf_dir
 
     return gguf_to_hf_dir("smollm2", tmp_path_factory.mktemp("smollm2") / "hf")
 

@@ -43,7 +43,8 @@ def test_a_second_engine_error_would_be_caught(tmp_path):
 
 @pytest.mark.parametrize("dtype, device, want", [
     ("auto", "cpu", "float32"), ("auto", "cuda", "bfloat16"), ("auto", "cuda:3", "bfloat16"),
-    ("bfloat16", "cpu", "bfloat16"), ("float32", "cuda", "float32"), ("float16", "cuda", "float16")])
+    ("bfloat16", "cpu", "bfloat16"), ("float32", "cuda", "float32"),
+    ("float16", "cuda", "float16")])
 def test_one_rule_for_auto_dtype(dtype, device, want):
     assert resolve_dtype(dtype, device) == want
 
@@ -129,8 +130,8 @@ def test_equal_counts_give_bit_equal_tau_offline_and_in_the_engine():
 
 def test_cpu_mla_backend_only_off_bf16_on_a_cpu_torch():
     """engines/vllm_cpu.py (this CPU torch): float32 asks for CPU_MLA, for the verifier and an
-    EAGLE-3 draft; bf16 and auto leave vLLM's own choice; the worker's by-path load is the same
-    module's values."""
+    EAGLE-3 draft; bf16 and auto leave vLLM's own choice; both workers use this very module
+    (one import policy, :mod:`specdraft.engines.worker`)."""
     from specdraft.engines import vllm_cpu
     from specdraft.eval import engine_worker
 
@@ -138,6 +139,52 @@ def test_cpu_mla_backend_only_off_bf16_on_a_cpu_torch():
     assert vllm_cpu.draft_attention_kwargs("float32") == {"attention_backend": "CPU_MLA"}
     assert vllm_cpu.attention_kwargs("bfloat16") == vllm_cpu.attention_kwargs("auto") == {}
     assert vllm_cpu.draft_attention_kwargs("bfloat16") == {}
-    loaded = engine_worker._vllm_cpu()
-    assert loaded is engine_worker._vllm_cpu()  # loaded once
-    assert loaded.attention_kwargs("float32") == vllm_cpu.attention_kwargs("float32")
+    from specdraft.extract import vllm_worker
+
+    assert engine_worker.attention_kwargs is vllm_cpu.attention_kwargs
+    assert engine_worker.draft_attention_kwargs is vllm_cpu.draft_attention_kwargs
+    assert vllm_worker.attention_kwargs is vllm_cpu.attention_kwargs
+
+
+def test_counters_read_once_from_the_worker_and_from_metrics_text():
+    """The same counts, as ``LLM.get_metrics()`` objects (two engines: summed) and as the
+    Prometheus text of a server (``_total`` names, ``position`` labels, ``_created`` lines
+    ignored), read by the one reader to the same counters; differenced by hand."""
+    from dataclasses import dataclass
+
+    from specdraft.engines.counters import (counter_difference, metrics_samples,
+                                            prometheus_samples, spec_counters)
+    from specdraft.eval.engine_worker import counters
+
+    @dataclass
+    class Counter:  # the fields of vLLM's v1/metrics/reader.py Counter and Vector
+        name: str
+        value: int
+
+    @dataclass
+    class Vector:
+        name: str
+        values: list
+
+    snap = [Counter("vllm:spec_decode_num_drafts", 3), Counter("vllm:spec_decode_num_drafts", 1),
+            Counter("vllm:spec_decode_num_draft_tokens", 12),
+            Counter("vllm:spec_decode_num_accepted_tokens", 6),
+            Vector("vllm:spec_decode_num_accepted_tokens_per_pos", [2, 1, 1]),
+            Vector("vllm:spec_decode_num_accepted_tokens_per_pos", [1, 1]),
+            Counter("vllm:num_requests_running", 7)]
+    text = "\n".join([
+        "# HELP vllm:spec_decode_num_drafts_total drafts", 'vllm:spec_decode_num_drafts_total'
+        '{engine="0"} 3', 'vllm:spec_decode_num_drafts_total{engine="1"} 1',
+        "vllm:spec_decode_num_drafts_created 1.7e9",
+        "vllm:spec_decode_num_draft_tokens_total 12",
+        "vllm:spec_decode_num_accepted_tokens_total 6",
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 2',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",position="0"} 1',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 2',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 1'])
+    want = {"drafts": 4, "draft_tokens": 12, "accepted": 6, "per_pos": [3, 2, 1]}
+    assert counters(snap) == spec_counters(metrics_samples(snap)) == want
+    assert spec_counters(prometheus_samples(text)) == want
+    before = {"drafts": 1, "draft_tokens": 3, "accepted": 1, "per_pos": [1]}
+    assert counter_difference(before, want) == {"drafts": 3, "draft_tokens": 9, "accepted": 5,
+                                                 "per_pos": [2, 2, 1]}

@@ -67,26 +67,35 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_worker_stopped_on_timeout_and_failure_reported(tmp_path, monkeypatch):
+def fake_python(path: Path, body: str) -> str:
+    """An executable standing in for the engine's python: it is called as ``PY -m
+    specdraft.eval.engine_worker JOB OUT`` and runs ``body`` (``sys.argv[-1]`` is OUT)."""
+    path.write_text(f"#!{sys.executable}\nimport sys\nassert sys.argv[1:3] == "
+                    f"['-m', 'specdraft.eval.engine_worker'], sys.argv\n{body}")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_worker_stopped_on_timeout_and_failure_reported(tmp_path):
     """A worker that never finishes is killed (with the child it spawned); a failing one
     raises with its log tail."""
-    script = tmp_path / "w.py"
-    script.write_text("import subprocess, sys, time\n"
-                      "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-                      "open(sys.argv[2] + '.pid', 'w').write(str(c.pid))\n"
-                      "time.sleep(60)\n")
-    monkeypatch.setattr(engine, "WORKER", script)
-    with pytest.raises(EngineError, match="ran past"):
-        run_worker(sys.executable, {"runs": []}, tmp_path / "w", timeout_s=3)
+    hangs = fake_python(tmp_path / "hangs", (
+        "import subprocess, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "open(sys.argv[-1] + '.pid', 'w').write(str(c.pid))\n"
+        "time.sleep(60)\n"))
+    with pytest.raises(EngineError, match="ran past 3 s"):
+        run_worker(hangs, {"runs": []}, tmp_path / "w", timeout_s=3)
     child = int((tmp_path / "w" / "engine-out.json.pid").read_text())
     time.sleep(0.5)
     assert not _alive(child)
-    script.write_text("import sys; print('boom: bad drafter'); sys.exit(3)\n")
-    with pytest.raises(EngineError, match="exit 3") as err:
-        run_worker(sys.executable, {"runs": []}, tmp_path / "w2")
-    assert "boom: bad drafter" in str(err.value)
-    script.write_text("import json, sys; json.dump({'ok': 1}, open(sys.argv[2], 'w'))\n")
-    assert run_worker(sys.executable, {"runs": []}, tmp_path / "w3") == {"ok": 1}
+    fails = fake_python(tmp_path / "fails", "print('boom: bad drafter'); sys.exit(3)\n")
+    with pytest.raises(EngineError, match="exited with status 3: boom: bad drafter") as err:
+        run_worker(fails, {"runs": []}, tmp_path / "w2")
+    assert str(tmp_path / "w2" / "engine.log") in str(err.value)
+    works = fake_python(tmp_path / "works",
+                        "import json; json.dump({'ok': 1}, open(sys.argv[-1], 'w'))\n")
+    assert run_worker(works, {"runs": []}, tmp_path / "w3") == {"ok": 1}
     assert json.loads((tmp_path / "w3" / "engine-job.json").read_text()) == {"runs": []}
 
 

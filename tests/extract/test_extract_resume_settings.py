@@ -50,3 +50,16 @@ def test_settings_file_alone_is_not_work(tmp_path, tiny_model):
     (run_dir / "extract").mkdir()
     (run_dir / "extract" / SETTINGS_FILE).write_text('{"storage": "fp8"}')
     assert extract(run_dir, tiny_model)["resume_changes"] == {}
+
+
+def test_the_engine_stall_limit_may_change_on_resume(started, tiny_model):
+    """--engine-no-progress-s decides only when a stuck engine is stopped: a resume after a
+    stall may raise it, and a run recorded before the setting existed (no key) resumes."""
+    m = extract(started, tiny_model, resume=True, engine_no_progress_s=1200)
+    assert m["resume_changes"] == {"engine_no_progress_s": [600.0, 1200.0]}
+    path = started / "extract" / SETTINGS_FILE
+    stored = json.loads(path.read_text())
+    del stored["engine_no_progress_s"]
+    path.write_text(json.dumps(stored))
+    m = extract(started, tiny_model, resume=True)
+    assert m["resume_changes"] == {"engine_no_progress_s": [None, 600.0]}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specdraft.core.errors import ConfigError
-from specdraft.core.verifier import engine_hf_dir
+from specdraft.engines.verifier_dir import engine_hf_dir
 from specdraft.extract.config import ExtractConfig
 from specdraft.extract.run import run
 from specdraft.extract.vllm_backend import engine_failure

@@ -87,10 +87,12 @@ def test_engine_failure_is_reported_with_its_error(tmp_path, verifier):
                                       '{"max_model_len": 16}'),
                           env=engine_env(), capture_output=True, text=True)
     assert done.returncode == 2, done.stderr[-3000:]
-    last = done.stderr.strip().splitlines()[-1]
-    assert "vLLM engine exited with status 1" in last, last
-    assert "maximum context length is 16" in last, last  # the engine's own words
-    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    error = next(i for i, ln in enumerate(lines) if ln.startswith("specdraft: error:"))
+    assert "vLLM engine exited with status 1" in lines[error], lines[error]
+    assert "maximum context length is 16" in lines[error], lines[error]  # the engine's words
+    assert all(ln.startswith("  | ") for ln in lines[error + 1:])  # then the log's last lines
+    assert "Traceback" not in "\n".join(lines[:error + 1])  # none of specdraft's own
     out = run_dir / "extract"
     assert not (out / "manifest.json").exists() and not (out / "index.jsonl").exists()
     assert list((out / "shards").iterdir()) == []

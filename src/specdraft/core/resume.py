@@ -34,8 +34,9 @@ MAY_CHANGE: dict[str, frozenset[str]] = {
     # in best/), and the pre-flight teacher check (it runs before step 0).
     "train": frozenset({"save_every", "keep_checkpoints", "log_every", "report_to",
                         "eval_every", "teacher_check", "teacher_check_rows"}),
-    # The end-of-run spot check (--verify N rows, its --seed) reads the shards, never writes them.
-    "extract": frozenset({"verify", "seed"}),
+    # The end-of-run spot check (--verify N rows, its --seed) reads the shards, never writes
+    # them; the engine's stall limit only decides when a stuck engine is stopped.
+    "extract": frozenset({"verify", "seed", "engine_no_progress_s"}),
     # Transport and bookkeeping of the requests, and which prefix of the prompt file is used;
     # the sampling parameters, template, model and reasoning checks are not among them.
     "generate": frozenset({"endpoint", "api_key_env", "concurrency", "timeout_s", "max_retries",

@@ -1,8 +1,8 @@
 """Engine subprocesses: one error type and one way to stop them.
 
-Both engine integrations (eval's vLLM worker and SGLang server, extract's vLLM worker) start the
-engine in a session of its own (``start_new_session=True``), so that :func:`stop` reaches every
-process the engine spawned (vLLM starts workers of its own).
+Every engine process (eval's vLLM worker and SGLang server, extract's vLLM worker) is started
+by :func:`specdraft.engines.launcher.launch` in a session of its own (``start_new_session=True``),
+so that :func:`stop` reaches every process the engine spawned (vLLM starts workers of its own).
 """
 
 from __future__ import annotations

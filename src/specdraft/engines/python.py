@@ -48,3 +48,22 @@ def sglang_python(explicit: str | None = None) -> str:
 def engine_python(engine: str, explicit: str | None = None) -> str:
     """:func:`vllm_python` or :func:`sglang_python` for ``engine`` (``vllm`` / ``sglang``)."""
     return vllm_python(explicit) if engine == "vllm" else sglang_python(explicit)
+
+
+def module_version(python: str, module: str, *, timeout_s: float = 120) -> str | None:
+    """``module.__version__`` as ``python`` imports it (a short process run by the one
+    launcher, :func:`specdraft.engines.launcher.launch`); None when it cannot import it.
+    Raises :class:`~specdraft.engines.process.EngineError` past ``timeout_s`` seconds."""
+    import tempfile
+
+    from specdraft.engines.launcher import launch
+
+    with tempfile.TemporaryDirectory(prefix="specdraft-version-") as tmp:
+        out = Path(tmp) / "version"
+        code = (f"import {module}; open({str(out)!r}, 'w').write(str({module}.__version__))")
+        with launch([python, "-c", code], Path(tmp) / "probe.log",
+                    name=f"the {module} version probe", deadline_s=timeout_s) as probe:
+            rc = probe.wait()
+        if rc != 0 or not out.exists():
+            return None
+        return out.read_text().strip() or None

@@ -20,9 +20,10 @@ def serve_commands(export_dir: str, verifier: str, k: int = 3, topk: int = 1,
     """The command lines to serve the exported drafter: vLLM for a chain of ``k`` drafts
     (``topk`` 1; vLLM 0.32 drafts chains only) and SGLang for a chain or a tree, but only for
     the ``sglang`` export format, the one SGLang loads (docs/drafters.md); the method is the
-    export's (:func:`specdraft.artifacts.dflash_export.speculative_method`: a DFlash export is served ``"method": "dflash"``, by
-    vLLM only). Empty when no engine serves that combination (a tree of a vllm-format drafter). Flags from the engines' docs,
-    see docs/run-dir.md and docs/trees-and-serve-plan.md."""
+    export's (:func:`specdraft.artifacts.dflash_export.speculative_method`: a DFlash export is
+    served ``"method": "dflash"``, by vLLM only). Empty when no engine serves that combination
+    (a tree of a vllm-format drafter). Flags from the engines' docs, see docs/run-dir.md and
+    docs/trees-and-serve-plan.md."""
     commands = []
     method = speculative_method(export_dir)
     if topk == 1:
@@ -30,9 +31,20 @@ def serve_commands(export_dir: str, verifier: str, k: int = 3, topk: int = 1,
                            "num_speculative_tokens": k})
         commands.append(f"vllm serve {verifier} --speculative-config '{spec}'")
     if fmt == "sglang" and method == "eagle3":
-        commands.append(
-            f"python -m sglang.launch_server --model-path {verifier} "
-            f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {export_dir} "
-            f"--speculative-num-steps {k} --speculative-eagle-topk {topk} "
-            f"--speculative-num-draft-tokens {num_draft_tokens or k + 1}")
+        commands.append(" ".join(sglang_server_args(verifier, export_dir, k=k, topk=topk,
+                                                    num_draft_tokens=num_draft_tokens)))
     return commands
+
+
+def sglang_server_args(verifier: str, drafter: str, *, k: int, topk: int = 1,
+                       num_draft_tokens: int | None = None, python: str = "python") -> list[str]:
+    """SGLang's server command serving ``drafter`` (an EAGLE-3 export) on ``verifier``:
+    ``k`` draft steps, ``topk`` branches per step, ``num_draft_tokens`` verified per step
+    (none: ``k + 1``, a chain). Flags of ``python -m sglang.launch_server``
+    (``--speculative-algorithm EAGLE3`` and its step, top-k and draft-token flags, SGLang's
+    server arguments). The one place they are written: the serve line and ``eval --engine
+    sglang`` (which adds dtype, host and port) both use it."""
+    return [python, "-m", "sglang.launch_server", "--model-path", str(verifier),
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter),
+            "--speculative-num-steps", str(k), "--speculative-eagle-topk", str(topk),
+            "--speculative-num-draft-tokens", str(num_draft_tokens or k + 1)]

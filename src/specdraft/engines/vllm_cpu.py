@@ -1,5 +1,5 @@
 """What vLLM's CPU build needs told, run in the ENGINE's interpreter (imports stdlib and torch
-only: ``eval/engine_worker.py`` loads this file by path where specdraft is not installed).
+only: both workers import it there, :mod:`specdraft.engines.worker`).
 
 vLLM 0.32's CPU platform picks its AMX MLA backend for every MLA model on a CPU with AMX tiles
 (``vllm/platforms/cpu.py`` ``get_attn_backend_cls``), whatever the model's dtype, and that

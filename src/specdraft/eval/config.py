@@ -112,3 +112,13 @@ class EvalConfig(StageConfig):
     def tree(self) -> bool:
         """An SGLang tree (or an explicit --num-draft-tokens) rather than a plain chain."""
         return self.topk > 1 or self.num_draft_tokens is not None
+
+
+def drafter_dir(config: EvalConfig) -> Path:
+    """The drafter eval measures: ``--drafter``, else the run's best checkpoint
+    (``RUN/train/best``, :class:`specdraft.artifacts.layout.RunLayout`). Here, beside the
+    settings, so the offline loop (:mod:`specdraft.eval.run`) and the engines
+    (:mod:`specdraft.eval.engine`) read it without importing each other."""
+    from specdraft.artifacts.layout import RunLayout
+
+    return Path(config.drafter) if config.drafter is not None else RunLayout(config.run_dir).best

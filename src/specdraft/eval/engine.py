@@ -1,8 +1,8 @@
 """``specdraft eval --engine vllm``: the real serving engine measures the exported drafter.
 
 vLLM pins its own ``transformers``, so it runs in a subprocess with the engine's python
-(:func:`specdraft.engines.python.vllm_python`) and our stdlib-only script :mod:`specdraft.eval.engine_worker`. The
-engine gets the SAME prompt token ids the offline eval renders, the same k, temperature, max
+(:func:`specdraft.engines.python.vllm_python`) and our worker :mod:`specdraft.eval.engine_worker`.
+The engine gets the SAME prompt token ids the offline eval renders, the same k, temperature, max
 tokens and stop ids; its spec-decode counters are read before/after generation. The figures:
 
 - τ = 1 + accepted / drafts (vLLM's mean acceptance length, bonus counted);
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,13 +29,15 @@ from typing import Any, Sequence
 
 from specdraft.artifacts.dflash_export import speculative_method
 from specdraft.core.errors import SpecdraftError
-from specdraft.core.verifier import engine_hf_dir, resolve_dtype
+from specdraft.core.verifier import resolve_dtype
+from specdraft.engines.verifier_dir import engine_hf_dir
 from specdraft.engines.counters import vllm_figures
-from specdraft.engines.process import EngineError, stop
+from specdraft.engines.launcher import launch
 from specdraft.engines.python import vllm_python
+from specdraft.engines.worker import worker_command, worker_env
 from specdraft.eval.acceptance import acceptance_rule
 
-WORKER = Path(__file__).with_name("engine_worker.py")
+WORKER = "specdraft.eval.engine_worker"  # run as a module (specdraft.engines.worker)
 #: Two-sided 99% normal quantile of :func:`sampled_agreement`'s interval.
 Z99 = 2.5758
 
@@ -67,29 +68,25 @@ def run_worker(python: str, job: dict[str, Any], workdir: Path, *,
     """Run :mod:`specdraft.eval.engine_worker` on ``job`` in ``python``; return its JSON.
 
     Files ``engine-job.json``, ``engine-out.json`` and ``engine.log`` (the engine's output) go
-    to ``workdir``. The subprocess (and its process group) is always stopped: on success, on a
-    timeout, on Ctrl-C or any exception. Raises :class:`EngineError` with the log tail.
+    to ``workdir``. The worker runs under the one worker import policy
+    (:mod:`specdraft.engines.worker`) and the one launcher (:func:`specdraft.engines.launcher.
+    launch`), capped at ``timeout_s`` seconds; its process group is always stopped: on
+    success, on a timeout, on Ctrl-C or any exception. Raises :class:`EngineError` with the log
+    tail.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     job_path, out_path, log_path = (workdir / n for n in
                                     ("engine-job.json", "engine-out.json", "engine.log"))
     job_path.write_text(json.dumps(job))
     out_path.unlink(missing_ok=True)
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get(
-        "VLLM_ENABLE_V1_MULTIPROCESSING", "0"), "PYTHONPATH": ""}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([python, str(WORKER), str(job_path), str(out_path)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            raise EngineError(f"the engine ran past {timeout_s:.0f} s; log: {log_path}") from None
-        finally:
-            stop(proc)
-    if rc != 0 or not out_path.exists():
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-        raise EngineError(f"the engine failed (exit {rc}); {log_path}:\n  " + "\n  ".join(tail))
+    env = worker_env(workdir, VLLM_ENABLE_V1_MULTIPROCESSING=os.environ.get(
+        "VLLM_ENABLE_V1_MULTIPROCESSING", "0"))
+    with launch(worker_command(python, WORKER, str(job_path), str(out_path)), log_path,
+                name="the vLLM engine", env=env, deadline_s=timeout_s,
+                timeout_flag="--engine-timeout-s") as engine:
+        rc = engine.wait()
+        if rc != 0 or not out_path.exists():
+            raise engine.exited_error(rc)
     return json.loads(out_path.read_text())
 
 
@@ -153,7 +150,7 @@ def engine_drafter(config: Any, out: Path) -> Path:
     validates: :mod:`specdraft.artifacts.export`)."""
     from specdraft.core.manifest import read_manifest
     from specdraft.core.rundir import stage_dir
-    from specdraft.eval.run import drafter_dir
+    from specdraft.eval.config import drafter_dir
     from specdraft.artifacts.drafter import is_dflash_drafter, read_drafter
 
     if config.engine_drafter is not None:

@@ -1,12 +1,12 @@
 """The vLLM side of ``specdraft eval --engine vllm``: run in the ENGINE's python, not ours.
 
 vLLM pins its own ``transformers``, so it usually lives in another venv (``.venv-vllm`` here, the
-user's own install on a GPU machine). This module is started as a script by
-:mod:`specdraft.eval.engine` and imports only the standard library, ``torch`` and ``vllm`` —
-never ``specdraft`` (which may not even be importable there); ``specdraft/engines/vllm_cpu.py``, itself
-stdlib and torch only, is loaded by its path (:func:`_vllm_cpu`).
+user's own install on a GPU machine). This module is run by :mod:`specdraft.eval.engine` as
+``ENGINE_PYTHON -m specdraft.eval.engine_worker`` under the one worker import policy
+(:mod:`specdraft.engines.worker`): it imports only the standard library, ``torch``, ``vllm``
+and the light :mod:`specdraft.engines.vllm_cpu` and :mod:`specdraft.engines.counters`.
 
-Usage: ``python engine_worker.py JOB.json OUT.json``. The job (written by
+Usage: ``python -m specdraft.eval.engine_worker JOB.json OUT.json``. The job (written by
 :func:`specdraft.eval.engine.vllm_job`) is::
 
     {"verifier": HF_DIR, "dtype": "float32", "max_model_len": 2048, "seed": 0,
@@ -15,11 +15,12 @@ Usage: ``python engine_worker.py JOB.json OUT.json``. The job (written by
 
 A run may override ``temperature``, ``seed`` and ``max_num_seqs`` (1: the prompts one after
 another), turn the DFlash engine-bug fix off (``engine_fixes: false``:
-:func:`fix_cpu_grouped_rms_norm`), ask for ``record_drafts`` (every ``propose`` call's draft ids, in call order, in the
-run's ``drafts``: :func:`_hook_drafts`) and give ``draft_sample_method`` (passed to
-vLLM's ``speculative_config``; absent: vLLM's default) and ``method`` (the speculative method,
-``eagle3`` when absent; ``dflash`` for a DFlash export). The method the engine actually ran is
-read back from ``llm.llm_engine.vllm_config.speculative_config`` into the run's output
+:func:`fix_cpu_grouped_rms_norm`), ask for ``record_drafts`` (every ``propose`` call's draft
+ids, in call order, in the run's ``drafts``: :func:`_hook_drafts`) and give
+``draft_sample_method`` (passed to vLLM's ``speculative_config``; absent: vLLM's default) and
+``method`` (the speculative method, ``eagle3`` when absent; ``dflash`` for a DFlash export).
+The method the engine actually ran is read back from
+``llm.llm_engine.vllm_config.speculative_config`` into the run's output
 (``draft_sample_method``, ``rejection_sample_method``).
 
 Each run builds one ``vllm.LLM`` (greedy/sampled generation from the prompt token ids, no
@@ -33,41 +34,20 @@ to compare with the checkpoint: a silently skipped tensor changes both).
 
 from __future__ import annotations
 
-import functools
 import gc
 import json
 import os
 import sys
 import time
 
-SPEC = "vllm:spec_decode_num_"
+from specdraft.engines.counters import counter_difference, metrics_samples, spec_counters
+from specdraft.engines.vllm_cpu import attention_kwargs, draft_attention_kwargs
 
 
 def counters(metrics) -> dict:
-    """Summed spec-decode counters of a ``get_metrics()`` snapshot (list of Counter/Vector)."""
-    c = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": []}
-    names = {"drafts": "drafts", "draft_tokens": "draft_tokens", "accepted_tokens": "accepted"}
-    for m in metrics:
-        if not m.name.startswith(SPEC):
-            continue
-        key = m.name[len(SPEC):]
-        if key == "accepted_tokens_per_pos":
-            vals = list(m.values)
-            c["per_pos"] = [a + b for a, b in
-                            zip(vals + [0] * len(c["per_pos"]), c["per_pos"] + [0] * len(vals))]
-        elif key in names:
-            c[names[key]] += int(m.value)
-    return c
-
-
-def diff(before: dict, after: dict) -> dict:
-    """after - before, position by position."""
-    n = len(after["per_pos"])
-    pb = before["per_pos"] + [0] * (n - len(before["per_pos"]))
-    return {"drafts": after["drafts"] - before["drafts"],
-            "draft_tokens": after["draft_tokens"] - before["draft_tokens"],
-            "accepted": after["accepted"] - before["accepted"],
-            "per_pos": [a - b for a, b in zip(after["per_pos"], pb)]}
+    """Summed spec-decode counters of a ``get_metrics()`` snapshot (list of Counter/Vector),
+    :func:`specdraft.engines.counters.spec_counters`."""
+    return spec_counters(metrics_samples(metrics))
 
 
 def _drafter_fingerprint(worker) -> dict:
@@ -118,20 +98,6 @@ def _sample_methods(llm) -> dict:
             "rejection_sample_method": spec.rejection_sample_method}
 
 
-@functools.cache
-def _vllm_cpu():
-    """``specdraft/engines/vllm_cpu.py``, loaded once by path: specdraft may not be installed
-    here."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "engines" / "vllm_cpu.py"
-    spec = importlib.util.spec_from_file_location("specdraft_vllm_cpu", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def run_one(job: dict, run: dict) -> dict:
     """One engine: build, generate, read counters, free. Returns the run's output dict."""
     import torch
@@ -142,7 +108,7 @@ def run_one(job: dict, run: dict) -> dict:
         spec = {"method": run.get("method") or "eagle3", "model": run["drafter"],
                 "num_speculative_tokens": int(run["k"])}
         if spec["method"] == "eagle3":  # an MLA drafter in float32 on an AMX CPU
-            spec.update(_vllm_cpu().draft_attention_kwargs(job["dtype"]))
+            spec.update(draft_attention_kwargs(job["dtype"]))
         if run.get("draft_sample_method"):
             spec["draft_sample_method"] = run["draft_sample_method"]
     temperature = run.get("temperature", job["temperature"])
@@ -150,7 +116,7 @@ def run_one(job: dict, run: dict) -> dict:
     _FIXES_ON["grouped_rms_norm"] = run.get("engine_fixes", True)
     t0 = time.perf_counter()
     llm = vllm.LLM(model=job["verifier"], tokenizer=job["verifier"], dtype=job["dtype"],
-                   **_vllm_cpu().attention_kwargs(job["dtype"]), enforce_eager=True,
+                   **attention_kwargs(job["dtype"]), enforce_eager=True,
                    speculative_config=spec, seed=job.get("seed", 0),
                    max_model_len=job.get("max_model_len", 2048), disable_log_stats=False,
                    max_num_seqs=run.get("max_num_seqs", job.get("max_num_seqs", 256)),
@@ -181,7 +147,8 @@ def run_one(job: dict, run: dict) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return {"name": run.get("name"), "k": run.get("k"), "drafter": run.get("drafter"),
-            "temperature": temperature, "seed": seed, **methods, "tokens": tokens, "counters": diff(before, after), "drafter_weights": weights,
+            "temperature": temperature, "seed": seed, **methods, "tokens": tokens,
+            "counters": counter_difference(before, after), "drafter_weights": weights,
             "drafts": drafts, "engine_fixes": run.get("engine_fixes", True),
             "start_s": round(start_s, 2), "generate_s": round(gen_s, 2)}
 

@@ -28,17 +28,12 @@ from specdraft.core.context import StageContext, single_process
 from specdraft.core.manifest import StageClock, file_sha256, input_hash, read_manifest, \
     write_manifest
 from specdraft.core.rundir import open_stage_dir, stage_dir
-from specdraft.eval.config import EvalConfig
+from specdraft.eval.config import EvalConfig, drafter_dir
 from specdraft.eval.plot import plot_acceptance
 from specdraft.eval.prompts import eval_chat_format, load_prompts, render
 from specdraft.eval.acceptance import AcceptanceStats, acceptance_rule
-from specdraft.artifacts.layout import RunLayout
 
 STAGE = "eval"
-
-
-def drafter_dir(config: EvalConfig) -> Path:
-    return Path(config.drafter) if config.drafter is not None else RunLayout(config.run_dir).best
 
 
 def output_dir(config: EvalConfig) -> Path:

@@ -16,56 +16,28 @@ The prompts go through ``/v1/chat/completions``; acceptance comes from the serve
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
 import httpx
 
 from specdraft.core.errors import InputError
-from specdraft.engines.counters import vllm_figures
-
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)')
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-VLLM = "vllm:spec_decode_num_"
-
-
-def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Samples of a Prometheus text exposition: (name, labels, value); comments skipped."""
-    out = []
-    for line in text.splitlines():
-        m = _LINE.match(line.strip())
-        if m:
-            out.append((m.group(1), dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))))
-    return out
-
+from specdraft.engines.counters import SPEC, counter_difference, parse_prometheus, \
+    prometheus_samples, spec_counters, vllm_figures
 
 def vllm_counters(text: str) -> dict[str, Any]:
-    """Summed (over label sets other than position) vLLM spec-decode counters."""
-    c: dict[str, Any] = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "per_pos": {}}
-    names = {"drafts": "drafts", "draft_tokens": "draft_tokens",
-             "accepted_tokens": "accepted"}
-    for name, labels, value in parse_prometheus(text):
-        if not name.startswith(VLLM) or name.endswith("_created"):
-            continue
-        key = name[len(VLLM):].removesuffix("_total")
-        if key == "accepted_tokens_per_pos":
-            pos = int(labels.get("position", 0))
-            c["per_pos"][pos] = c["per_pos"].get(pos, 0.0) + value
-        elif key in names:
-            c[names[key]] += value
-    return c
+    """The vLLM spec-decode counters of a ``/metrics`` text, summed over label sets
+    (:func:`specdraft.engines.counters.spec_counters`)."""
+    return spec_counters(prometheus_samples(text))
 
 
 def vllm_summary(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """τ, acceptance rate and per-position rates from two counter snapshots, differenced
     (:func:`specdraft.engines.counters.vllm_figures`). Raises :class:`EngineError` when the
     server did not speculate in between."""
-    diff = {n: after[n] - before[n] for n in ("drafts", "draft_tokens", "accepted")}
-    per_pos = [after["per_pos"].get(i, 0.0) - before["per_pos"].get(i, 0.0)
-               for i in sorted(after["per_pos"])]
+    diff = counter_difference(before, after)
     return {"engine": "vllm", **vllm_figures(diff["drafts"], diff["draft_tokens"],
-                                             diff["accepted"], per_pos)}
+                                             diff["accepted"], diff["per_pos"])}
 
 
 def sglang_summary(info: dict[str, Any] | None, metrics_text: str) -> dict[str, Any]:
@@ -77,7 +49,8 @@ def sglang_summary(info: dict[str, Any] | None, metrics_text: str) -> dict[str, 
         if tau is None and states:
             tau = states[0].get("avg_spec_accept_length")
     if tau is None:
-        values = [v for n, _, v in parse_prometheus(metrics_text) if n == "sglang:spec_accept_length"]
+        values = [v for n, _, v in parse_prometheus(metrics_text)
+                  if n == "sglang:spec_accept_length"]
         tau = values[-1] if values else None
     if tau is None:
         raise InputError("the server reports no speculative acceptance (no vLLM spec_decode "
@@ -127,7 +100,7 @@ def server_eval(url: str, prompts: list[dict[str, Any]], *, max_tokens: int,
     sent = send_prompts(client, prompts, max_tokens=max_tokens, temperature=temperature)
     after = _get(client, "/metrics")
     after_text = after.text if after is not None else ""
-    if VLLM in after_text:
+    if SPEC in after_text:
         out = vllm_summary(vllm_counters(before_text), vllm_counters(after_text))
     else:
         info = _get(client, "/get_server_info")

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -26,63 +24,35 @@ from typing import Any, Iterator, Sequence
 import httpx
 
 from specdraft.core.errors import InputError
-from specdraft.core.verifier import engine_hf_dir, resolve_dtype
+from specdraft.core.verifier import resolve_dtype
+from specdraft.engines.verifier_dir import engine_hf_dir
 from specdraft.eval.acceptance import acceptance_rule
-from specdraft.engines.process import EngineError, stop
-from specdraft.engines.python import sglang_python
+from specdraft.engines.launcher import free_port, http_ready, launch
+from specdraft.engines.python import module_version, sglang_python
+from specdraft.engines.serve import sglang_server_args
 from specdraft.eval.engine import engine_drafter
 
 def launch_command(python: str, verifier_dir: Path, drafter_dir: Path, *, k: int, port: int,
                    dtype: str, topk: int = 1, num_draft_tokens: int | None = None) -> list[str]:
-    """The SGLang server command line (module doc), bound to 127.0.0.1:``port``; ``topk`` and
-    ``num_draft_tokens`` (none: k + 1) for a tree (``specdraft eval --topk``)."""
-    return [python, "-m", "sglang.launch_server", "--model-path", str(verifier_dir),
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
-            str(drafter_dir), "--speculative-num-steps", str(k), "--speculative-eagle-topk",
-            str(topk), "--speculative-num-draft-tokens", str(num_draft_tokens or k + 1),
-            "--dtype", dtype,
-            "--host", "127.0.0.1", "--port", str(port)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """The SGLang server command line (module doc; flags from
+    :func:`specdraft.engines.serve.sglang_server_args`), bound to 127.0.0.1:``port``; ``topk``
+    and ``num_draft_tokens`` (none: k + 1) for a tree (``specdraft eval --topk``)."""
+    return [*sglang_server_args(str(verifier_dir), str(drafter_dir), k=k, topk=topk,
+                                num_draft_tokens=num_draft_tokens, python=python),
+            "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port)]
 
 
 @contextlib.contextmanager
 def launch_server(cmd: list[str], log_path: Path, *, port: int,
                   timeout_s: float) -> Iterator[str]:
-    """Start ``cmd``, wait for ``/health`` (or ``/get_model_info``), yield the base URL; the
-    process group is always stopped (also on Ctrl-C). Raises :class:`EngineError`."""
+    """Start ``cmd`` (:func:`specdraft.engines.launcher.launch`), wait up to ``timeout_s`` for
+    ``/health`` (or ``/get_model_info``), yield the base URL; the process group is always
+    stopped (also on Ctrl-C). Raises :class:`EngineError` with the log's last lines."""
     url = f"http://127.0.0.1:{port}"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": ""}, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while not _ready(url):
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-                raise EngineError(f"the SGLang server exited ({proc.returncode}); {log_path}:"
-                                  "\n  " + "\n  ".join(tail))
-            if time.monotonic() > deadline:
-                raise EngineError(f"the SGLang server did not come up in {timeout_s:.0f} s; "
-                                  f"log: {log_path}")
-            time.sleep(1)
+    with launch(cmd, log_path, name="the SGLang server", env={**os.environ, "PYTHONPATH": ""},
+                ready=http_ready(url, ("/health", "/get_model_info")), startup_s=timeout_s,
+                timeout_flag="--engine-timeout-s", poll_s=1.0):
         yield url
-    finally:
-        stop(proc)
-
-
-def _ready(url: str) -> bool:
-    for path in ("/health", "/get_model_info"):
-        try:
-            if httpx.get(url + path, timeout=2).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
-    return False
 
 
 def sglang_eval(client: httpx.Client, prompt_ids: Sequence[Sequence[int]], *, max_tokens: int,
@@ -121,9 +91,8 @@ def sglang_eval(client: httpx.Client, prompt_ids: Sequence[Sequence[int]], *, ma
 
 
 def sglang_version(python: str) -> str:
-    done = subprocess.run([python, "-c", "import sglang; print(sglang.__version__)"],
-                          capture_output=True, text=True, timeout=120)
-    return f"sglang {done.stdout.strip() or 'unknown'}"
+    """``"sglang X.Y.Z"`` as ``python`` imports it (``"sglang unknown"`` when it cannot)."""
+    return f"sglang {module_version(python, 'sglang') or 'unknown'}"
 
 
 def measure_sglang(config: Any, *, prompts: list[dict[str, Any]], stop_ids: Sequence[int],

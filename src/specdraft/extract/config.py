@@ -17,8 +17,9 @@ class ExtractConfig(StageConfig):
 
     ``backend``: ``transformers`` (the verifier in this process) or ``vllm`` (a vLLM engine in a
     subprocess run by ``engine_python``), with ``tensor_parallel_size`` /
-    ``pipeline_parallel_size`` per engine replica and ``engine_args``. Both write the same
-    artifacts.
+    ``pipeline_parallel_size`` per engine replica and ``engine_args``; an engine that makes no
+    progress for ``engine_no_progress_s`` seconds is stopped and the stage fails. Both write the
+    same artifacts.
     """
 
     run_dir: Path = Field(description="Run directory; reads RUN/prepare/, writes RUN/extract/.")
@@ -56,6 +57,10 @@ class ExtractConfig(StageConfig):
     engine_python: str | None = Field(None, description="Python with vLLM (none: env "
                                                         "SPECDRAFT_VLLM_PYTHON, this python, "
                                                         "else REPO/.venv-vllm).")
+    engine_no_progress_s: float = Field(
+        600.0, gt=0, description="Seconds the vLLM engine may go without progress (no line in "
+                                 "its log, no row's states arriving) before extract stops it "
+                                 "and fails.")
 
     @field_validator("engine_args", mode="before")
     @classmethod

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +34,10 @@ from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.profile import NormGain, config_json, norm_gain
 from specdraft.core.context import context_from_env
 from specdraft.core.verifier import resolve_device, resolve_dtype
-from specdraft.engines.process import EngineError, stop
+from specdraft.engines.launcher import failure_message, launch
+from specdraft.engines.process import EngineError
 from specdraft.engines.python import vllm_python
+from specdraft.engines.worker import worker_command, worker_env
 from specdraft.core.capture import Packed
 from specdraft.core.storage import Codec, encode
 from specdraft.extract.vllm_worker import done_path, spool_path
@@ -44,6 +45,11 @@ from specdraft.extract.vllm_worker import done_path, spool_path
 FINAL_STATE = ("post_norm (applied by specdraft to the engine's pre-norm state, with the "
                "verifier's norm gain convention: vLLM layer id N is the last layer's output "
                "before the final norm)")
+#: The worker module and the name every engine error starts with.
+WORKER = "specdraft.extract.vllm_worker"
+ENGINE = "the vLLM engine"
+#: The setting that bounds a stall (:class:`specdraft.extract.config.ExtractConfig`).
+NO_PROGRESS_FLAG = "--engine-no-progress-s"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -131,8 +137,9 @@ def engine_dtype(config: Any) -> torch.dtype:
 
 def verifier_hf_dir(config: Any) -> Path:
     """The HF directory vLLM loads: ``--verifier`` itself, or a GGUF converted once under
-    ``RUN/verifier-hf`` (:func:`specdraft.core.verifier.engine_hf_dir`, shared with eval)."""
-    from specdraft.core.verifier import engine_hf_dir
+    ``RUN/verifier-hf`` (:func:`specdraft.engines.verifier_dir.engine_hf_dir`, shared with
+    eval)."""
+    from specdraft.engines.verifier_dir import engine_hf_dir
 
     return engine_hf_dir(config.verifier, config.run_dir)
 
@@ -241,38 +248,23 @@ def _write_job(job_dir: Path, config: Any, verifier: EngineVerifier, rows: Seque
         "order": os.environ.get("SPECDRAFT_VLLM_ORDER", "plan")})
 
 
-def _start_engine(job_dir: Path, config: Any, world: int) -> subprocess.Popen:
-    """Start the worker; its output goes to ``job_dir/engine.log``."""
-    import specdraft
-
-    src = str(Path(specdraft.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [src] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+def _engine_process(job_dir: Path, config: Any, world: int) -> tuple[list[str], dict[str, str]]:
+    """The worker's command and environment (:mod:`specdraft.engines.worker`): replica
+    ``local_rank``'s block of GPUs under torchrun."""
+    env = worker_env(job_dir)
     if world > 1 and torch.cuda.is_available():
         env["CUDA_VISIBLE_DEVICES"] = replica_devices(
             context_from_env().local_rank,
             config.tensor_parallel_size * config.pipeline_parallel_size,
             os.environ.get("CUDA_VISIBLE_DEVICES"))
-    log = open(job_dir / "engine.log", "wb")
-    try:
-        return subprocess.Popen([vllm_python(config.engine_python), "-m", "specdraft.extract.vllm_worker",
-                                 str(job_dir)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    finally:
-        log.close()
+    return worker_command(vllm_python(config.engine_python), WORKER, str(job_dir)), env
 
 
 def engine_failure(log: Path, rc: int) -> str:
-    """A one-line account of a failed engine: its last exception line and the log's path."""
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.exists() else []
-    errors = [ln.split("]: ")[-1].strip() for ln in lines
-              if "Error" in ln.split(":")[0] or "Exception" in ln.split(":")[0]
-              or ln.split("]: ")[-1].split(":")[0].endswith(("Error", "Exception"))]
-    last = errors[-1] if errors else (lines[-1].strip() if lines else "no output")
-    known = next((what for sign, what in KNOWN_ENGINE_ERRORS.items() if sign in last), None)
-    if known:
-        return f"{known} (vLLM engine exited with status {rc}: {last}; full log: {log})"
-    return f"vLLM engine exited with status {rc}: {last} (full log: {log})"
+    """The account of a failed engine (:func:`specdraft.engines.launcher.failure_message`): its
+    last exception line, a known cause said first (:data:`KNOWN_ENGINE_ERRORS`), the log's path
+    and last lines."""
+    return failure_message(ENGINE, f"exited with status {rc}", log, causes=KNOWN_ENGINE_ERRORS)
 
 
 #: Engine error lines that have a cause a user can act on -> that cause, said first.
@@ -303,8 +295,10 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
     Files are matched to rows by the row number in their name, never by arrival order; each is
     checked against the prepared token ids (:func:`read_row`), converted (:func:`to_packed`) and
     deleted; rows reach ``writer`` in plan order (held back while an earlier one is missing), so
-    the shards are laid out exactly as the transformers backend lays them out. Raises
-    :class:`EngineError` with the engine's own error when it fails.
+    the shards are laid out exactly as the transformers backend lays them out. The engine runs
+    under the one launcher (:func:`specdraft.engines.launcher.launch`): no row arriving and no
+    log line for ``config.engine_no_progress_s`` seconds stops it. Raises :class:`EngineError`
+    with the engine's own error (or the stall) and its log's last lines.
     """
     job_dir = out / "vllm" / f"rank{rank:05d}"
     shutil.rmtree(job_dir, ignore_errors=True)
@@ -315,12 +309,15 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
     held: dict[int, Packed] = {}  # converted rows waiting for an earlier row of the plan
     nxt = 0
     t0, first = time.monotonic(), None
-    proc = _start_engine(job_dir, config, world)
-    try:
+    cmd, env = _engine_process(job_dir, config, world)
+    log = job_dir / "engine.log"
+    with launch(cmd, log, name=ENGINE, env=env, no_progress_s=config.engine_no_progress_s,
+                progress=[lambda: len(where)], timeout_flag=NO_PROGRESS_FLAG,
+                causes=KNOWN_ENGINE_ERRORS) as engine:
         while where:
             ready = sorted((r for r in _ready_rows(job_dir / "spool") if r in where),
                            key=where.__getitem__)
-            exited = proc.poll() if not ready else None
+            exited = engine.poll() if not ready else None
             for r in ready:
                 i = where.pop(r)
                 path = spool_path(job_dir / "spool", r)
@@ -334,19 +331,17 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
                 writer.submit([rows[nxt]], [ids[nxt]], [masks[nxt]], held.pop(nxt))  # arrival
                 nxt += 1
             if exited is not None and where and not _ready_rows(job_dir / "spool"):
-                raise EngineError(engine_failure(job_dir / "engine.log", exited) if exited
-                                  else f"vLLM engine exited without the states of "
-                                       f"{len(where)} rows (log: {job_dir / 'engine.log'})")
+                raise (engine.exited_error(exited) if exited else
+                       engine.error(f"exited without the states of {len(where)} rows"))
             if not ready:
+                engine.check()  # no row and no log line for --engine-no-progress-s: stopped
                 time.sleep(0.05)
-        proc.wait()
-    finally:
-        stop(proc)
+        rc = engine.wait()
+        if rc != 0:
+            raise engine.exited_error(rc)
     end = time.monotonic()
-    if proc.returncode != 0:
-        raise EngineError(engine_failure(job_dir / "engine.log", proc.returncode))
     shutil.rmtree(job_dir / "spool", ignore_errors=True)  # engine.log stays, for the record
     (job_dir / "rows.safetensors").unlink(missing_ok=True)
-    engine = json.loads((job_dir / "engine_stats.json").read_text(encoding="utf-8"))
+    stats = json.loads((job_dir / "engine_stats.json").read_text(encoding="utf-8"))
     # engine_init_s: building vllm.LLM; engine_seconds / engine_tokens_per_s: from then on
-    return {"first_row_s": round((first or end) - t0, 3), **engine}
+    return {"first_row_s": round((first or end) - t0, 3), **stats}

@@ -1,9 +1,10 @@
 """The vLLM side of ``specdraft extract --backend vllm``: feed prepared rows to an engine.
 
 Run as ``ENGINE_PYTHON -m specdraft.extract.vllm_worker JOB_DIR`` by
-:mod:`specdraft.extract.vllm_backend`, in the vLLM venv (its own transformers), so this module
-imports only stdlib, torch, safetensors, vllm and
-:mod:`specdraft.engines.vllm_cpu` (what vLLM's CPU build needs told).
+:mod:`specdraft.extract.vllm_backend`, in the vLLM venv (its own transformers), under the one
+worker import policy (:mod:`specdraft.engines.worker`), so this module imports only stdlib,
+torch, safetensors, vllm and :mod:`specdraft.engines.vllm_cpu` (what vLLM's CPU build needs
+told).
 
 ``JOB_DIR/job.json`` holds the engine settings and the row keys; ``JOB_DIR/rows.safetensors``
 the token ids (``ids`` int32 ``[ΣT]``, ``offsets`` int64 ``[n+1]``, ``rows`` int64 ``[n]`` =

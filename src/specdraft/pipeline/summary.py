@@ -31,10 +31,10 @@ def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
 
 def serve_verifier(run_dir: str | Path, verifier: str) -> str:
     """The verifier an engine serves: ``RUN/verifier-hf`` when a stage wrote it (a GGUF converted
-    once to the HF directory the engine served in extract or eval, ``core.verifier.engine_hf_dir``:
+    once to the HF directory the engine served in extract or eval, ``engines.verifier_dir``:
     local, nothing to download), else the HF id of a shipped GGUF (:data:`KNOWN_HF_IDS`), else
     ``verifier`` as given (a GGUF elsewhere: a placeholder, engines serve HF checkpoints)."""
-    from specdraft.core.verifier import ENGINE_HF_DIR
+    from specdraft.engines.verifier_dir import ENGINE_HF_DIR
 
     converted = Path(run_dir) / ENGINE_HF_DIR
     if (converted / "config.json").is_file():
