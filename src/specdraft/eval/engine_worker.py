@@ -172,8 +172,13 @@ def fix_cpu_expand() -> list[str]:
     import torch
 
     try:
-        import vllm._C  # noqa: F401  the CPU build's custom ops
+        from vllm.platforms import current_platform
         from vllm.utils import cpu_triton_utils as cpu_tl
+
+        # the CPU build's custom ops, as vLLM loads them: the build ships _C (AVX-512 + BF16),
+        # _C_AVX512 and _C_AVX2, and ``import vllm._C`` on an AVX2-only CPU dies of SIGILL
+        # (vllm/platforms/cpu.py ``CpuPlatform.import_kernels`` picks by the CPU's flags)
+        current_platform.import_kernels()
     except (ImportError, AttributeError):
         return []
     probe = torch.zeros(3)
