@@ -21,7 +21,7 @@ from specdraft.core.chat import DEFAULT_THINK, ChatFormat
 from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
 from specdraft.core.errors import ConfigError
 from specdraft.core.manifest import ExtractManifest, PrepareManifest
-from specdraft.artifacts.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
+from specdraft.core.aux_ids import sglang_capture_hf_ids, vllm_capture_hf_ids
 from specdraft.artifacts.contract import check_contract
 from specdraft.artifacts.drafter import DrafterOnDisk
 from specdraft.models.eagle3 import COMPUTATION_FIELDS

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specdraft.core.aux_ids import extraction_capture_ids
 from specdraft.core.conventions import supervised_mask
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.profile import NormGain, config_json, norm_gain
@@ -158,11 +159,6 @@ def final_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gain: NormGain
 
 
 # ---------------------------------------------------------------- engine ids and conversion
-
-
-def engine_layer_ids(aux_ids: Sequence[int], n_layers: int) -> list[int]:
-    """vLLM ids to capture (ascending, as vLLM orders them): the aux ids and ``N`` (final)."""
-    return sorted(set(aux_ids) | {n_layers})
 
 
 def to_packed(hidden: torch.Tensor, loss_mask: Sequence[int], aux_ids: Sequence[int],
@@ -309,7 +305,7 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
     job_dir = out / "vllm" / f"rank{rank:05d}"
     shutil.rmtree(job_dir, ignore_errors=True)
     (job_dir / "spool").mkdir(parents=True)
-    engine_ids = engine_layer_ids(ctx["aux_ids"], verifier.n_layers)
+    engine_ids = extraction_capture_ids(ctx["aux_ids"], verifier.n_layers)
     _write_job(job_dir, config, verifier, rows, ctx["keys"], ids, engine_ids)
     where = {r: i for i, r in enumerate(rows)}
     held: dict[int, Packed] = {}  # converted rows waiting for an earlier row of the plan

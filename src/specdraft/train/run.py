@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from specdraft.core.aux_ids import hf_to_dflash_target_ids
 from specdraft.core.errors import ConfigError, InputError, SpecdraftError
 from specdraft.core.manifest import StageClock, input_hash, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
@@ -180,7 +181,7 @@ def build_dflash_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any
     mask_id = cfg.dflash_mask_token_id if cfg.dflash_mask_token_id is not None \
         else profile.vocab_size - 1
     config = DFlashConfig.from_profile(
-        profile, target_layer_ids=[a - 1 for a in aux], mask_token_id=mask_id,
+        profile, target_layer_ids=hf_to_dflash_target_ids(aux), mask_token_id=mask_id,
         block_size=cfg.dflash_block_size, num_hidden_layers=cfg.dflash_layers,
         verifier_identity=identity)
     if source.hidden_size != config.target_hidden_size or \
