@@ -252,20 +252,20 @@ def run(config: EvalConfig, ctx: StageContext | None = None, *,
 
 def verifier_binding(config: EvalConfig, verifier: Any, tokenizer: Any) -> dict[str, Any]:
     """Check that ``--verifier`` is the model the drafter was trained on, before decoding
-    (:mod:`specdraft.core.verifier_identity`): its identity against the drafter's (else
-    RUN/extract's) record, then the hidden-state probe on a few ``RUN/extract`` rows when the
-    run has them (without them only the identity is compared, said in the line). Returns the
-    record for results.json; raises :class:`ConfigError` for another model or a failed probe
-    unless ``--allow-other-verifier``."""
+    (:mod:`specdraft.core.verifier_identity`): its identity against the drafter's (else the
+    run's, :func:`specdraft.artifacts.verifier_contract.run_verifier`) record, then the
+    hidden-state probe on a few ``RUN/extract`` rows when the run has them (without them only
+    the identity is compared, said in the line). Returns the record for results.json; raises
+    :class:`ConfigError` for another model or a failed probe unless ``--allow-other-verifier``.
+    """
     from specdraft.core.errors import ConfigError
-    from specdraft.core.manifest import load_stage_manifest
     from specdraft.artifacts.hidden_states import probe_or_skip
+    from specdraft.artifacts.verifier_contract import run_verifier
     from specdraft.core.verifier_identity import bind, drafter_identity
 
     recorded = drafter_identity(drafter_dir(config))
-    if recorded is None and config.run_dir is not None:
-        extract = load_stage_manifest(stage_dir(config.run_dir, "extract"))
-        recorded = extract.verifier_identity if extract is not None else None
+    if recorded is None:
+        recorded = run_verifier(config.run_dir).identity
     flag = "--allow-other-verifier"
     binding = bind(recorded, config.verifier, allow_other=config.allow_other_verifier,
                    flag=flag, tokenizer=tokenizer)

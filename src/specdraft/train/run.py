@@ -31,15 +31,19 @@ from specdraft.artifacts.vocab_map import load_vocab_map
 from specdraft.train.loop import Data, Trainer, fit
 from specdraft.train.objective import TTTObjective
 from specdraft.artifacts.layout import RunLayout
+from specdraft.artifacts.verifier_contract import run_verifier
 
 def verifier_profile(cfg: TrainConfig, verifier: Any, extract_manifest: Any) -> VerifierProfile:
-    """The verifier profile the drafter is shaped from: the one ``specdraft extract`` stored in
-    its manifest, else (online training, manifests from before profiles) resolved from the
+    """The verifier profile the drafter is shaped from: the run's
+    (:func:`specdraft.artifacts.verifier_contract.run_verifier`: ``RUN/verifier.json``, for a run
+    without one RUN/extract's; ``extract_manifest``'s when the contract holds none), else
+    (manifests from before profiles) resolved from the
     loaded verifier, or from the config of ``--verifier`` / the extract manifest's
     ``verifier.path``. :class:`ConfigError` when none is available or the config is not
     understood (:func:`specdraft.core.profile.resolve_profile`)."""
-    if extract_manifest is not None and extract_manifest.profile is not None:
-        return extract_manifest.profile
+    recorded = run_verifier(cfg.run_dir).profile or getattr(extract_manifest, "profile", None)
+    if recorded is not None:
+        return recorded
     if verifier is not None:
         return resolve_profile(verifier.config, model=verifier)
     recorded = extract_manifest.verifier if extract_manifest is not None else {}
@@ -95,15 +99,18 @@ def open_source(cfg: TrainConfig, verifier: Any, env: StageContext) -> tuple[Any
     aux = check_aux_ids(cfg.aux_layers, n) if cfg.aux_layers else default_aux_ids(n)
     dataset = datasets.load_from_disk(str(RunLayout(cfg.run_dir).dataset))
     return src.OnlineSource(verifier, dataset, aux, device=env.device), verifier, \
-        {"prepare": input_hash(stage_dir(cfg.run_dir, "prepare"))}
+        {"prepare": input_hash(RunLayout(cfg.run_dir).prepare)}
 
 
 def verifier_identity(cfg: TrainConfig, extract_manifest: Any) -> dict[str, Any] | None:
-    """The identity of the verifier the drafter is trained on: the one ``specdraft extract``
-    recorded, else (online training) read from ``--verifier``'s files
-    (:func:`specdraft.core.verifier_identity.identify`); None when neither is available."""
-    if extract_manifest is not None:
-        return extract_manifest.verifier_identity
+    """The identity of the verifier the drafter is trained on: the run's
+    (:func:`specdraft.artifacts.verifier_contract.run_verifier`; ``extract_manifest``'s when the
+    contract holds none), else (online training) read
+    from ``--verifier``'s files (:func:`specdraft.core.verifier_identity.identify`); None when
+    neither is available."""
+    recorded = run_verifier(cfg.run_dir).identity
+    if recorded is not None or extract_manifest is not None:
+        return recorded or extract_manifest.verifier_identity
     if not cfg.verifier:
         return None
     from specdraft.core.verifier_identity import identify
