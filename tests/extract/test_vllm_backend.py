@@ -131,7 +131,7 @@ def test_engine_replicas_take_the_torchrun_plan(tmp_path, tiny_model, monkeypatc
         seen[rank] = list(rows)
         for r, a, m in zip(rows, r_ids, r_masks):
             writer.submit([r], [a], [m], capture_packed(tiny_model, pad_rows([a], [m]),
-                                                        ctx["aux_ids"], ctx["codec"]))
+                                                        ctx.aux_ids, ctx.codec))
         return {}
 
     monkeypatch.setattr(vllm_backend, "extract_rows", fake_engine)
@@ -146,7 +146,7 @@ def test_engine_replicas_take_the_torchrun_plan(tmp_path, tiny_model, monkeypatc
         stats = run_mod._extract_rank_vllm(tiny_model, ds, cfg, out, ctx, rank, 2)
         assert seen[rank] == [r for b in rank_batches(plan, rank, 2) for r in b.rows]
         assert stats["samples"] == len(seen[rank]) and stats["shards_written"] == len(
-            ctx["shards"])
+            ctx.shards)
     assert sorted(seen[0] + seen[1]) == list(range(14))
     entries = run_mod._merge_index(out, 2, 14)  # every row exactly once, dataset order
     assert {e["shard"].split("/")[1][:9] for e in entries} == {"rank00000", "rank00001"}

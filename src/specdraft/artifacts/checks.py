@@ -245,15 +245,16 @@ def check_teacher(s: Subject) -> Check:
     and the rows' hidden states are in band (:mod:`specdraft.artifacts.teacher_check`, the check
     train runs before its first step)."""
     name = "stored teacher = the verifier's own distribution, hidden states in band"
-    if s.run_dir is None or s.extract is None or not (s.run_dir / "vocab").exists() \
-            or not (s.run_dir / "extract" / "index.jsonl").exists():
+    layout = RunLayout(s.run_dir) if s.run_dir is not None else None
+    if layout is None or s.extract is None or not layout.vocab.exists() \
+            or not (layout.extract / "index.jsonl").exists():
         return Check(name, True, "no RUN/extract rows and RUN/vocab: not applicable")
     from specdraft.artifacts.hidden_states import DiskSource, load_verifier_head
     from specdraft.artifacts import teacher_check as tc
     from specdraft.artifacts.batches import Collator
     from specdraft.artifacts.vocab_map import load_vocab_map
 
-    extract = s.run_dir / "extract"
+    extract = layout.extract
     d2t, _ = load_vocab_map(s.run_dir)
     device = s.verifier.get_input_embeddings().weight.device
     collator = Collator(load_verifier_head(extract)["lm_head.weight"], d2t, device)

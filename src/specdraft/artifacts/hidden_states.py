@@ -254,7 +254,9 @@ def extract_rows_dir(run_dir: str | os.PathLike | None) -> Path | None:
     """``RUN/extract`` when it holds stored rows (an index and a manifest), else None."""
     if run_dir is None:
         return None
-    d = Path(run_dir) / "extract"
+    from specdraft.artifacts.layout import RunLayout
+
+    d = RunLayout(run_dir).extract
     return d if (d / "index.jsonl").exists() and (d / "manifest.json").exists() else None
 
 

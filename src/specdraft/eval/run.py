@@ -25,9 +25,9 @@ from specdraft.core.atomic import atomic_write_json
 from specdraft.core.chat import generation_stop_ids
 from specdraft.core.assets import resolve_path
 from specdraft.core.context import StageContext, single_process
-from specdraft.core.manifest import StageClock, file_sha256, input_hash, read_manifest, \
-    write_manifest
-from specdraft.core.rundir import open_stage_dir, stage_dir
+from specdraft.core.manifest import EvalManifest, StageClock, file_sha256, input_hash, \
+    read_manifest, write_manifest
+from specdraft.core.rundir import open_stage_dir
 from specdraft.eval.config import EvalConfig
 from specdraft.eval.plot import plot_acceptance
 from specdraft.eval.prompts import eval_chat_format, load_prompts, render
@@ -193,8 +193,8 @@ def decode_dflash(config: EvalConfig, verifier: Any, model: Any, prompt_ids: lis
 
 
 def run(config: EvalConfig, ctx: StageContext | None = None, *,
-        verifier: Any | None = None) -> dict[str, Any]:
-    """Evaluate; return the manifest. ``verifier``: an already loaded HF model (so that
+        verifier: Any | None = None) -> EvalManifest:
+    """Evaluate; return the manifest (typed). ``verifier``: an already loaded HF model (so that
     ``specdraft run`` loads it once); else it is loaded from ``config.verifier`` on
     ``ctx.device``.
 
@@ -360,7 +360,7 @@ def _inputs(config: EvalConfig) -> dict[str, str]:
         return inputs
     drafter = drafter_dir(config).resolve()
     for upstream in ("train", "export"):
-        up = stage_dir(config.run_dir, upstream)
+        up = RunLayout(config.run_dir).stage(upstream)
         if read_manifest(up) and drafter.is_relative_to(up.resolve()):
             inputs[upstream] = input_hash(up)
     return inputs

@@ -291,7 +291,7 @@ def _ready_rows(spool: Path) -> list[int]:
             if n.startswith("row") and n.endswith(".safetensors") and len(n) == 24]
 
 
-def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str, Any],
+def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: Any,
                  rank: int, world: int, rows: Sequence[int], ids: Sequence[Sequence[int]],
                  masks: Sequence[Sequence[int]], writer: Any) -> dict[str, float]:
     """Run one engine over ``rows`` (plan order) and submit each row's states to ``writer``.
@@ -305,8 +305,8 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
     job_dir = out / "vllm" / f"rank{rank:05d}"
     shutil.rmtree(job_dir, ignore_errors=True)
     (job_dir / "spool").mkdir(parents=True)
-    engine_ids = extraction_capture_ids(ctx["aux_ids"], verifier.n_layers)
-    _write_job(job_dir, config, verifier, rows, ctx["keys"], ids, engine_ids)
+    engine_ids = extraction_capture_ids(ctx.aux_ids, verifier.n_layers)
+    _write_job(job_dir, config, verifier, rows, ctx.keys, ids, engine_ids)
     where = {r: i for i, r in enumerate(rows)}
     held: dict[int, Packed] = {}  # converted rows waiting for an earlier row of the plan
     nxt = 0
@@ -320,9 +320,9 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
             for r in ready:
                 i = where.pop(r)
                 path = spool_path(job_dir / "spool", r)
-                hidden = read_row(path, ctx["keys"][r], ids[i])
-                held[i] = to_packed(hidden, masks[i], ctx["aux_ids"], engine_ids, verifier,
-                                    ctx["codec"])
+                hidden = read_row(path, ctx.keys[r], ids[i])
+                held[i] = to_packed(hidden, masks[i], ctx.aux_ids, engine_ids, verifier,
+                                    ctx.codec)
                 done_path(job_dir / "spool", r).touch()
                 path.unlink()
                 first = first or time.monotonic()

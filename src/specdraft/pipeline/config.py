@@ -161,7 +161,7 @@ def _dflash_defaults(sections: dict[str, dict[str, Any]], path: str | Path) -> N
 def _eval_the_export(sections: dict[str, dict[str, Any]], run_dir: str) -> None:
     """Unless told otherwise, ``eval`` measures the exported drafter: the artifact deployed."""
     export = sections["export"]
-    out = export.get("out") or str(Path(run_dir) / "export" / export.get("format", "sglang"))
+    out = export.get("out") or str(RunLayout(run_dir).export(export.get("format", "sglang")))
     if not sections["eval"].get("drafter"):
         sections["eval"]["drafter"] = out
 
