@@ -153,6 +153,7 @@ def dflash_eval_ready(ckpt: Path, out: Path, target_num_layers: int) -> Path:
     from safetensors.torch import load_file
 
     from specdraft.artifacts.dflash_export import export_dflash
+    from specdraft.core.aux_ids import hf_to_dflash_target_ids
     from specdraft.models.dflash import DFlashConfig, DFlashDraftModel
 
     cfg = json.loads((ckpt / "config.json").read_text())
@@ -174,7 +175,7 @@ def dflash_eval_ready(ckpt: Path, out: Path, target_num_layers: int) -> Path:
         rope_theta=float(rope.get("rope_theta", layer.get("rope_theta"))),
         target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],
         target_num_layers=target_num_layers,
-        target_layer_ids=tuple(i - 1 for i in cfg["aux_hidden_state_layer_ids"]),
+        target_layer_ids=tuple(hf_to_dflash_target_ids(cfg["aux_hidden_state_layer_ids"])),
         mask_token_id=int(cfg["mask_token_id"]), block_size=int(cfg["block_size"]),
         causal=False)
     model = DFlashDraftModel(c)

@@ -187,3 +187,57 @@ def test_online_training_refuses_another_verifier_before_loading_it(
     with pytest.raises(ConfigError, match=r"train was given: another model \(weights"):
         train(TrainConfig(run_dir=str(run_dir), online=True, verifier=str(other), max_steps=1,
                           device="cpu"))
+
+
+def test_later_stages_read_the_run_s_record_from_verifier_json(
+        tmp_path, prompts, template, tiny_verifier_dir):
+    """One reader (:func:`verifier_contract.run_verifier`) gives train, export, eval and doctor
+    the profile, chat format and identity of ``RUN/verifier.json``; only a run without one falls
+    back to RUN/extract's manifest and RUN/prepare/chat_format.json. Planted (by hand, undone):
+    train's profile taken from the extract manifest again, and eval's chat format from
+    ``RUN/prepare/chat_format.json``: both caught below (the edited contract is not what they
+    return)."""
+    from types import SimpleNamespace
+
+    from specdraft.core.chat import ChatFormat
+    from specdraft.core.manifest import load_stage_manifest
+    from specdraft.core.profile import VerifierProfile
+    from specdraft.eval.prompts import eval_chat_format
+    from specdraft.train.run import verifier_identity, verifier_profile
+
+    run_dir = tmp_path / "run"
+    _generate(run_dir, prompts, tiny_verifier_dir, chat_template=str(template))
+    prepare(PrepareConfig(run_dir=str(run_dir), verifier=str(tiny_verifier_dir)))
+    extract(ExtractConfig(run_dir=run_dir, verifier=str(tiny_verifier_dir), aux_layers=(1, 2, 3)))
+    held = verifier_contract.load(run_dir)
+    record = verifier_contract.run_verifier(run_dir)
+    assert record.source == "RUN/verifier.json"
+    assert record.profile == VerifierProfile.from_dict(held.profile)
+    assert (record.chat, record.identity) == (held.chat, held.identity)
+    assert record.profile.n_layers == 4 and record.chat.template_sha256 == \
+        _sha(template.read_text())
+
+    # the contract is the source: an edit to it is what every stage reads
+    edited_chat = held.chat.model_copy(update={"template_sha256": "e" * 64})
+    edited = held.model_copy(update={"profile": {**held.profile, "rms_norm_eps": 0.125},
+                                     "chat": edited_chat,
+                                     "identity": {**held.identity, "path": "edited"}})
+    (run_dir / "verifier.json").write_text(edited.model_dump_json())
+    extract_manifest = load_stage_manifest(run_dir / "extract")
+    assert extract_manifest.profile.rms_norm_eps != 0.125
+    cfg = SimpleNamespace(run_dir=run_dir, verifier=None, online=False)
+    assert verifier_profile(cfg, None, extract_manifest).rms_norm_eps == 0.125        # train
+    assert verifier_identity(cfg, extract_manifest)["path"] == "edited"              # train
+    ev = SimpleNamespace(run_dir=run_dir, chat_template=None, chat_template_kwargs=None)
+    assert eval_chat_format(ev, None).template_sha256 == "e" * 64                    # eval
+    assert ChatFormat.load(run_dir / "prepare" / "chat_format.json").template_sha256 == \
+        _sha(template.read_text())
+
+    # a run without verifier.json: RUN/extract's profile and identity, RUN/prepare's chat
+    (run_dir / "verifier.json").unlink()
+    fallback = verifier_contract.run_verifier(run_dir)
+    assert fallback.source == "RUN/extract/manifest.json"
+    assert fallback.profile == extract_manifest.profile
+    assert fallback.identity == extract_manifest.verifier_identity
+    assert fallback.chat.template_sha256 == _sha(template.read_text())
+    assert verifier_contract.run_verifier(None).profile is None

@@ -2,9 +2,9 @@
 
 import pytest
 
-from specdraft.artifacts.formats import (build_config, drafter_config_from_export, hf_to_sglang_ids,
-                                      hf_to_vllm_ids, sglang_capture_hf_ids,
-                                      sglang_legacy_capture_hf_ids, vllm_capture_hf_ids)
+from specdraft.artifacts.formats import build_config, drafter_config_from_export
+from specdraft.core.aux_ids import (hf_to_sglang_ids, hf_to_vllm_ids, sglang_capture_hf_ids,
+                                    sglang_legacy_capture_hf_ids, vllm_capture_hf_ids)
 from specdraft.models.eagle3 import Eagle3Config
 
 

@@ -114,3 +114,19 @@ def test_extraction_profile_of_another_verifier_is_refused(trained_run):
     with pytest.raises(ExportRefused, match=r"differs from RUN/extract/manifest.json profile: "
                                             r"rms_norm_eps: 1e-06 != 0.001"):
         run(ExportConfig(run_dir=run_dir))
+
+
+def test_the_run_s_profile_in_verifier_json_is_what_export_checks(trained_run):
+    """A run with ``RUN/verifier.json``: the drafter's profile is checked against that record
+    (the one home of the run's profile), not against RUN/extract's manifest."""
+    from specdraft.artifacts.verifier_contract import Loading, VerifierContract
+
+    run_dir, drafter = trained_run
+    profile = dict(drafter.config.verifier_profile, rms_norm_eps=1e-3)
+    contract = VerifierContract(written_by="prepare", loading=Loading(verifier="tiny"),
+                                tokenizer_sha256="0" * 64, vocab_size=1, tokenizer_size=1,
+                                profile=profile)
+    (run_dir / "verifier.json").write_text(contract.model_dump_json())
+    with pytest.raises(ExportRefused, match=r"differs from RUN/verifier.json profile: "
+                                            r"rms_norm_eps: 1e-06 != 0.001"):
+        run(ExportConfig(run_dir=run_dir))

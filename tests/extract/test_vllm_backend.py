@@ -12,8 +12,9 @@ from specdraft.core.capture import capture_packed
 from specdraft.core.batching import pad_rows
 from specdraft.extract.config import ExtractConfig
 from specdraft.core.storage import CODECS
-from specdraft.extract.vllm_backend import (EngineVerifier, engine_failure, engine_layer_ids,
-                                            final_norm, read_row, replica_devices, to_packed)
+from specdraft.core.aux_ids import extraction_capture_ids
+from specdraft.extract.vllm_backend import (EngineVerifier, engine_failure, final_norm, read_row,
+                                            replica_devices, to_packed)
 from specdraft.extract.vllm_worker import CONNECTOR, CONNECTOR_MODULE, engine_kwargs
 
 
@@ -50,7 +51,7 @@ def _check_to_packed(tiny_model) -> None:
     if isinstance(pre_norm, tuple):
         pre_norm = pre_norm[0]
     pre_norm = pre_norm[0] if pre_norm.dim() == 3 else pre_norm
-    engine_ids = engine_layer_ids((3, 1, 4), 4)
+    engine_ids = extraction_capture_ids((3, 1, 4), 4)
     assert engine_ids == [1, 3, 4]
     hidden = torch.stack([out.hidden_states[1][0], out.hidden_states[3][0], pre_norm], dim=1)
     v = engine_verifier(tiny_model)
@@ -130,7 +131,7 @@ def test_engine_replicas_take_the_torchrun_plan(tmp_path, tiny_model, monkeypatc
         seen[rank] = list(rows)
         for r, a, m in zip(rows, r_ids, r_masks):
             writer.submit([r], [a], [m], capture_packed(tiny_model, pad_rows([a], [m]),
-                                                        ctx["aux_ids"], ctx["codec"]))
+                                                        ctx.aux_ids, ctx.codec))
         return {}
 
     monkeypatch.setattr(vllm_backend, "extract_rows", fake_engine)
@@ -145,7 +146,7 @@ def test_engine_replicas_take_the_torchrun_plan(tmp_path, tiny_model, monkeypatc
         stats = run_mod._extract_rank_vllm(tiny_model, ds, cfg, out, ctx, rank, 2)
         assert seen[rank] == [r for b in rank_batches(plan, rank, 2) for r in b.rows]
         assert stats["samples"] == len(seen[rank]) and stats["shards_written"] == len(
-            ctx["shards"])
+            ctx.shards)
     assert sorted(seen[0] + seen[1]) == list(range(14))
     entries = run_mod._merge_index(out, 2, 14)  # every row exactly once, dataset order
     assert {e["shard"].split("/")[1][:9] for e in entries} == {"rank00000", "rank00001"}

@@ -195,3 +195,25 @@ def test_one_chat_format_per_run(tmp_path, verifier8):
     cfg = write_config(tmp_path / "d.yaml", tmp_path / "d", verifier8, chat={"templat": "x"})
     with pytest.raises(ConfigError, match=r"\[chat\]: unknown key\(s\) \['templat'\]"):
         PipelineConfig.from_yaml(cfg)
+
+
+def test_legacy_think_pair_folds_by_generate_s_one_rule(tmp_path, verifier8):
+    """``think_open``/``think_close`` of an older ``[generate]`` section become every stage's
+    ``think_tokens`` by :func:`specdraft.generate.config.fold_think_pair` (the rule generate's
+    config uses); one alone, or the pair beside ``think_tokens``, is refused naming the rule."""
+    from specdraft.core.errors import ConfigError
+    from specdraft.generate.config import fold_think_pair
+
+    cfg = write_config(tmp_path / "a.yaml", tmp_path / "a", verifier8,
+                       generate={"think_open": "<t>", "think_close": "</t>"})
+    config = PipelineConfig.from_yaml(cfg)
+    assert config.stages["generate"].think_tokens == ("<t>", "</t>")
+    assert config.stages["prepare"].think_tokens == ("<t>", "</t>")
+    for bad in ({"think_open": "<t>"}, {"think_open": "<t>", "think_close": "</t>",
+                                        "think_tokens": ["<a>", "</a>"]}):
+        cfg = write_config(tmp_path / "b.yaml", tmp_path / "b", verifier8, generate=bad)
+        with pytest.raises(ConfigError, match=r"\[generate\]: think_open/think_close: give "
+                                              r"both, or think_tokens"):
+            PipelineConfig.from_yaml(cfg)
+    assert fold_think_pair({"x": 1}) == {"x": 1}
+    assert fold_think_pair({"think_open": "a", "think_close": "b"}) == {"think_tokens": ["a", "b"]}

@@ -165,7 +165,8 @@ def engine_rows(model, verifier, n_rows, aux=(1, 2, 3)):
     from specdraft.core.conventions import supervised_positions
     from specdraft.artifacts.hidden_states import Row
     from specdraft.core.storage import CODECS, decode
-    from specdraft.extract.vllm_backend import engine_layer_ids, to_packed
+    from specdraft.core.aux_ids import extraction_capture_ids
+    from specdraft.extract.vllm_backend import to_packed
 
     g = torch.Generator().manual_seed(1)
     N, rows = verifier.n_layers, []
@@ -179,7 +180,7 @@ def engine_rows(model, verifier, n_rows, aux=(1, 2, 3)):
             hs = model(ids[None], output_hidden_states=True).hidden_states
         finally:
             hook.remove()
-        engine_ids = engine_layer_ids(aux, N)
+        engine_ids = extraction_capture_ids(aux, N)
         states = {k: hs[k][0] for k in engine_ids if k < N} | {N: grabbed["pre"][0]}
         hidden = torch.stack([states[k] for k in engine_ids], dim=1)  # [T, n_ids, H]
         p = to_packed(hidden, mask.tolist(), aux, engine_ids, verifier, CODECS["fp32"])

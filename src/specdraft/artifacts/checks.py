@@ -21,7 +21,7 @@ from specdraft.core.chat import DEFAULT_THINK, ChatFormat
 from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
 from specdraft.core.errors import ConfigError
 from specdraft.core.manifest import ExtractManifest, PrepareManifest
-from specdraft.artifacts.formats import sglang_capture_hf_ids, vllm_capture_hf_ids
+from specdraft.core.aux_ids import sglang_capture_hf_ids, vllm_capture_hf_ids
 from specdraft.artifacts.contract import check_contract
 from specdraft.artifacts.drafter import DrafterOnDisk
 from specdraft.models.eagle3 import COMPUTATION_FIELDS
@@ -44,7 +44,8 @@ class Check:
 @dataclass
 class Subject:
     """What the doctor inspects: the drafter, the verifier (model + tokenizer) and, for a run
-    directory, the upstream manifests."""
+    directory, the upstream manifests and the run's record (``chat_format``, ``run_identity``:
+    :func:`specdraft.artifacts.verifier_contract.run_verifier`)."""
 
     drafter: DrafterOnDisk
     verifier: Any
@@ -54,6 +55,7 @@ class Subject:
     prepare: PrepareManifest | None = None
     chat_format: ChatFormat | None = None
     verifier_path: str | None = None
+    run_identity: dict[str, Any] | None = None
 
     @property
     def vcfg(self) -> Any:
@@ -205,11 +207,11 @@ def check_max_positions(s: Subject) -> Check:
 
 
 def check_chat_template(s: Subject) -> Check:
-    """The run's chat format (``RUN/prepare/chat_format.json``) renders with the template the
-    verifier's tokenizer has now: the engine will render with the tokenizer's."""
+    """The run's chat format (``RUN/verifier.json``'s, :func:`run_verifier`) renders with the
+    template the verifier's tokenizer has now: the engine will render with the tokenizer's."""
     if s.chat_format is None:
         return Check("chat template unchanged since prepare", True,
-                     "no RUN/prepare/chat_format.json: not applicable")
+                     "the run records no chat format: not applicable")
     template = getattr(s.tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):
         template = template.get("default", "")
@@ -243,15 +245,16 @@ def check_teacher(s: Subject) -> Check:
     and the rows' hidden states are in band (:mod:`specdraft.artifacts.teacher_check`, the check
     train runs before its first step)."""
     name = "stored teacher = the verifier's own distribution, hidden states in band"
-    if s.run_dir is None or s.extract is None or not (s.run_dir / "vocab").exists() \
-            or not (s.run_dir / "extract" / "index.jsonl").exists():
+    layout = RunLayout(s.run_dir) if s.run_dir is not None else None
+    if layout is None or s.extract is None or not layout.vocab.exists() \
+            or not (layout.extract / "index.jsonl").exists():
         return Check(name, True, "no RUN/extract rows and RUN/vocab: not applicable")
     from specdraft.artifacts.hidden_states import DiskSource, load_verifier_head
     from specdraft.artifacts import teacher_check as tc
     from specdraft.artifacts.batches import Collator
     from specdraft.artifacts.vocab_map import load_vocab_map
 
-    extract = s.run_dir / "extract"
+    extract = layout.extract
     d2t, _ = load_vocab_map(s.run_dir)
     device = s.verifier.get_input_embeddings().weight.device
     collator = Collator(load_verifier_head(extract)["lm_head.weight"], d2t, device)
@@ -265,12 +268,11 @@ def check_teacher(s: Subject) -> Check:
 def check_verifier_identity(s: Subject) -> Check:
     """The verifier is the model the drafter was trained on
     (:mod:`specdraft.core.verifier_identity`): config, tokenizer, chat template and a sample of weight bytes against the drafter's record
-    (else RUN/extract's); a quantized variant of it passes, named."""
+    (else the run's); a variant of it passes, named."""
     from specdraft.core.verifier_identity import compare, drafter_identity, identify_like
 
     name = "verifier is the model the drafter was trained on"
-    recorded = drafter_identity(s.drafter.path, s.drafter.config) or \
-        (s.extract.verifier_identity if s.extract is not None else None)
+    recorded = drafter_identity(s.drafter.path, s.drafter.config) or s.run_identity
     if s.verifier_path is None or recorded is None:
         return Check(name, True, "no verifier identity recorded with the drafter: not checked")
     c = compare(recorded, identify_like(recorded, s.verifier_path, tokenizer=s.tokenizer))
@@ -304,7 +306,7 @@ def subject(target: str | Path, verifier_path: str, *, verifier: Any | None = No
     :meth:`RunLayout.drafter`, or a drafter directory), the verifier (``verifier`` when loaded,
     else ``verifier_path`` loaded in ``dtype``) and, for a run, its upstream manifests."""
     from specdraft.artifacts.drafter import read_drafter
-    from specdraft.core.chat import run_chat_format
+    from specdraft.artifacts.verifier_contract import run_verifier
     from specdraft.core.manifest import load_stage_manifest
     from specdraft.core.verifier import load_tokenizer, load_verifier
 
@@ -313,6 +315,7 @@ def subject(target: str | Path, verifier_path: str, *, verifier: Any | None = No
 
     layout = RunLayout(target)
     run = layout.root if layout.is_run() else None
+    record = run_verifier(run)
     drafter = read_drafter(layout.drafter() if run else layout.root)
     if is_dflash_drafter(drafter):
         raise InputError(f"{drafter.path}: a DFlash drafter; the doctor's checks are EAGLE-3's. "
@@ -323,9 +326,9 @@ def subject(target: str | Path, verifier_path: str, *, verifier: Any | None = No
         drafter=drafter,
         verifier=verifier if verifier is not None else load_verifier(verifier_path, dtype=dtype),
         tokenizer=load_tokenizer(verifier_path), run_dir=run,
-        extract=load_stage_manifest(run / "extract") if run else None,
-        prepare=load_stage_manifest(run / "prepare") if run else None,
-        chat_format=run_chat_format(run), verifier_path=verifier_path)
+        extract=load_stage_manifest(layout.extract) if run else None,
+        prepare=load_stage_manifest(layout.prepare) if run else None,
+        chat_format=record.chat, verifier_path=verifier_path, run_identity=record.identity)
 
 
 def check_drafter(target: str | Path, verifier_path: str, *, verifier: Any | None = None,

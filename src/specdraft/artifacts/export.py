@@ -23,11 +23,11 @@ from specdraft.artifacts.drafter import EXPORT_CONFIG, EXPORT_WEIGHTS, DrafterOn
 from specdraft.artifacts.formats import FORMAT_SPECS, build_config, rename
 from specdraft.artifacts.layout import RunLayout
 from specdraft.artifacts.validate import ExportRefused, check_export
+from specdraft.artifacts.verifier_contract import run_verifier
 from specdraft.core.atomic import atomic_dir, atomic_write_json
 from specdraft.core.errors import ConfigError
 from specdraft.core.manifest import MANIFEST, input_hash, load_stage_manifest
 from specdraft.core.profile import VerifierProfile
-from specdraft.core.rundir import stage_dir
 from specdraft.core.verifier_identity import drafter_identity
 from specdraft.models.eagle3 import Eagle3Config
 
@@ -71,19 +71,21 @@ def upstream_facts(config: ExportRequest) -> dict[str, Any]:
                              "verifier_name": config.verifier_name or config.verifier,
                              "architectures": [], "inputs": {}, "ids_missing_in": None,
                              "extract_profile": None, "verifier_profile": None,
-                             "extract_identity": None}
+                             "extract_identity": None, "record": "RUN/extract/manifest.json"}
     if config.run_dir is not None:
-        for stage in ("extract", "train"):
-            if (stage_dir(config.run_dir, stage) / MANIFEST).exists():
-                facts["inputs"][stage] = input_hash(stage_dir(config.run_dir, stage))
-        ex = load_stage_manifest(stage_dir(config.run_dir, "extract"))
+        layout = RunLayout(config.run_dir)
+        for stage in (layout.extract, layout.train):
+            if (stage / MANIFEST).exists():
+                facts["inputs"][stage.name] = input_hash(stage)
+        ex = load_stage_manifest(layout.extract)
         if ex is not None:
             facts["extract_ids"] = [int(i) for i in ex.aux_layer_ids] or None
             facts["ids_missing_in"] = None if facts["extract_ids"] else \
-                stage_dir(config.run_dir, "extract") / MANIFEST
+                layout.extract / MANIFEST
             facts["n_layers"] = ex.n_layers
-            facts["extract_profile"] = ex.profile
-            facts["extract_identity"] = ex.verifier_identity
+            record = run_verifier(config.run_dir)  # the run's profile and identity
+            facts["extract_profile"], facts["extract_identity"] = record.profile, record.identity
+            facts["record"] = record.source
             facts["verifier_name"] = facts["verifier_name"] or ex.config.get("verifier")
         else:
             facts["extract_ids"] = _online_ids(config.run_dir)
@@ -107,7 +109,7 @@ def upstream_facts(config: ExportRequest) -> dict[str, Any]:
 def _online_ids(run_dir: Path) -> list[int] | None:
     """The aux ids an online training run (no ``RUN/extract``) captured, from
     ``RUN/train/manifest.json`` (``config.online`` and ``drafter_config.aux_layer_ids``)."""
-    train = load_stage_manifest(stage_dir(run_dir, "train"))
+    train = load_stage_manifest(RunLayout(run_dir).train)
     if train is None or not train.config.get("online"):
         return None
     return [int(i) for i in train.drafter_config.get("aux_layer_ids") or []] or None
@@ -175,7 +177,7 @@ def profile_problems(config: ExportRequest, profile: VerifierProfile | None,
     """The drafter's verifier profile against RUN/extract's and against ``--verifier``'s: a
     mismatch means the drafter was shaped or trained for another verifier; each field named."""
     problems = []
-    checks = [("RUN/extract/manifest.json profile", facts["extract_profile"]),
+    checks = [(f"{facts['record']} profile", facts["extract_profile"]),
               (f"--verifier {config.verifier}", facts["verifier_profile"])]
     for where, other in checks:
         if profile is None or other is None:
@@ -222,7 +224,7 @@ def identity_problems(config: ExportRequest, identity: dict[str, Any] | None,
         c = compare(identity, facts["extract_identity"])
         if c.kind == "other":
             problems.append(f"the drafter was trained on another verifier than the one "
-                            f"RUN/extract/manifest.json recorded: {'; '.join(c.differences)}; "
+                            f"{facts['record']} recorded: {'; '.join(c.differences)}; "
                             f"export the drafter of this run")
     if config.verifier is None:
         return problems, None

@@ -2,9 +2,10 @@
 
 Every rule below names the engine file it was read from (read for facts only; nothing copied).
 
-Aux-id conventions. specdraft's own convention (:data:`specdraft.models.eagle3.AUX_CONVENTION`,
-the one ``extract`` captures) is "aux id ``i`` = HF ``hidden_states[i]`` = the input to decoder
-layer ``i``". The engines read ids as follows:
+Aux-id conventions (the conversions and their table live in :mod:`specdraft.core.aux_ids`).
+specdraft's own convention (:data:`specdraft.models.eagle3.AUX_CONVENTION`, the one ``extract``
+captures) is "aux id ``i`` = HF ``hidden_states[i]`` = the input to decoder layer ``i``". The
+engines read ids as follows:
 
 - **vLLM** (``vllm/v1/spec_decode/eagle/eagle3_utils.py`` → ``get_eagle3_aux_layers_from_config``
   reads the draft config's top-level ``eagle_aux_hidden_state_layer_ids``;
@@ -45,6 +46,8 @@ from typing import Any, Callable
 import torch
 
 from specdraft.artifacts.contract import check_foreign_keys, engine_computation
+from specdraft.core.aux_ids import hf_to_sglang_ids, hf_to_vllm_ids, sglang_capture_hf_ids, \
+    vllm_capture_hf_ids
 from specdraft.models.eagle3 import Eagle3Config
 
 FORMATS = ("sglang", "vllm", "speculators")
@@ -59,45 +62,6 @@ LAYER_MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3"}
 # Checkpoint names (ours == the vLLM/SGLang names; speculators renames the decoder layer).
 # ``speculators/models/eagle3/core.py``: ``self.layers = ModuleList([first_layer, ...])``.
 SPECULATORS_RENAME = {"midlayer.": "layers.0."}
-
-
-# ------------------------------------------------------------------------ aux-id conventions
-def hf_to_vllm_ids(ids: list[int]) -> list[int]:
-    """Ours -> vLLM's top-level ``eagle_aux_hidden_state_layer_ids`` (identity; module doc)."""
-    return [int(i) for i in ids]
-
-
-def vllm_capture_hf_ids(written: list[int]) -> list[int]:
-    """What vLLM captures for written ids, as HF ``hidden_states`` indices (identity)."""
-    return [int(i) for i in written]
-
-
-def hf_to_sglang_ids(ids: list[int]) -> list[int]:
-    """Ours -> SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids``.
-
-    First id 2: ``ids - 1`` (read back identically before and after SGLang PR #25454). Other
-    first ids: as-is (the current rule). A first id of 1 has no SGLang spelling (module doc): it
-    is written as-is and :func:`specdraft.artifacts.validate.check_aux_ids` refuses it.
-    """
-    ids = [int(i) for i in ids]
-    if ids and ids[0] == 2:
-        return [i - 1 for i in ids]
-    return ids
-
-
-def sglang_capture_hf_ids(written: list[int]) -> list[int]:
-    """What SGLang captures for written ids, as HF ``hidden_states`` indices.
-
-    The current rule (``set_eagle3_layers_to_capture`` after SGLang PR #25454): +1 when the
-    first id is 1, else as-is. Capture happens before layer ``c``, i.e. HF ``hidden_states[c]``.
-    """
-    written = [int(i) for i in written]
-    return [i + 1 for i in written] if written and written[0] == 1 else written
-
-
-def sglang_legacy_capture_hf_ids(written: list[int]) -> list[int]:
-    """The rule before SGLang PR #25454: every explicit id shifted by +1."""
-    return [int(i) + 1 for i in written]
 
 
 # ------------------------------------------------------------------------ config.json builders

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -43,19 +43,6 @@ class Row:
     aux_hidden: torch.Tensor        # [T, n_aux*H] float32
     final_hidden: torch.Tensor      # [n_sup, H] float32
     target_positions: torch.Tensor  # [n_sup] int64, ascending: p with loss_mask[p+1] == 1
-
-
-class HiddenStateSource(Protocol):
-    """What training reads rows from (disk shards or the verifier online)."""
-
-    aux_layer_ids: tuple[int, ...]
-    hidden_size: int
-
-    def __len__(self) -> int: ...
-
-    def keys(self) -> list[str]: ...
-
-    def get_batch(self, indices: Sequence[int]) -> list[Row]: ...
 
 
 def row_key(sample_id: Any, turn_index: Any) -> str:
@@ -267,7 +254,9 @@ def extract_rows_dir(run_dir: str | os.PathLike | None) -> Path | None:
     """``RUN/extract`` when it holds stored rows (an index and a manifest), else None."""
     if run_dir is None:
         return None
-    d = Path(run_dir) / "extract"
+    from specdraft.artifacts.layout import RunLayout
+
+    d = RunLayout(run_dir).extract
     return d if (d / "index.jsonl").exists() and (d / "manifest.json").exists() else None
 
 

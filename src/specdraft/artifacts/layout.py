@@ -28,7 +28,48 @@ class RunLayout:
         object.__setattr__(self, "root", Path(root))
 
     def stage(self, name: str) -> Path:
+        """``RUN/<name>``: the directory stage ``name`` writes (:mod:`specdraft.core.rundir`)."""
         return self.root / name
+
+    @property
+    def generate(self) -> Path:
+        """``RUN/generate``: the verifier's responses (``specdraft generate``)."""
+        return self.stage("generate")
+
+    @property
+    def prepare(self) -> Path:
+        """``RUN/prepare``: the tokenized rows and the chat format."""
+        return self.stage("prepare")
+
+    @property
+    def vocab(self) -> Path:
+        """``RUN/vocab``: the draft vocabulary map."""
+        return self.stage("vocab")
+
+    @property
+    def extract(self) -> Path:
+        """``RUN/extract``: the verifier's hidden states and head."""
+        return self.stage("extract")
+
+    @property
+    def train(self) -> Path:
+        """``RUN/train``: the drafter's checkpoints (``best``, ``last``)."""
+        return self.stage("train")
+
+    @property
+    def exports(self) -> Path:
+        """``RUN/export``: every export of the run (one folder per format, :meth:`export`)."""
+        return self.stage("export")
+
+    @property
+    def eval(self) -> Path:
+        """``RUN/eval``: acceptance results."""
+        return self.stage("eval")
+
+    @property
+    def pipeline(self) -> Path:
+        """``RUN/run``: ``specdraft run``'s state and summary."""
+        return self.stage("run")
 
     @property
     def verifier_contract(self) -> Path:
@@ -41,32 +82,32 @@ class RunLayout:
     @property
     def dataset(self) -> Path:
         """``RUN/prepare/dataset``: the prepared rows (HF ``datasets`` on disk)."""
-        return self.root / "prepare" / "dataset"
+        return self.prepare / "dataset"
 
     @property
     def vocab_map(self) -> Path:
         """``RUN/vocab/vocab_map.safetensors`` (:mod:`specdraft.artifacts.vocab_map`)."""
         from specdraft.artifacts.vocab_map import VOCAB_FILE
 
-        return self.root / "vocab" / VOCAB_FILE
+        return self.vocab / VOCAB_FILE
 
     @property
     def verifier_head(self) -> Path:
         """``RUN/extract/verifier_head.safetensors`` (:data:`HEAD_FILE`)."""
-        return self.root / "extract" / HEAD_FILE
+        return self.extract / HEAD_FILE
 
     @property
     def best(self) -> Path:
         """``RUN/train/best``: the drafter of the best validation τ̂."""
-        return self.root / "train" / "best"
+        return self.train / "best"
 
     @property
     def last(self) -> Path:
-        return self.root / "train" / "last"
+        return self.train / "last"
 
     def export(self, fmt: str) -> Path:
         """``RUN/export/<fmt>``: the default output of ``specdraft export --format fmt``."""
-        return self.root / "export" / fmt
+        return self.exports / fmt
 
     def is_run(self) -> bool:
         """True when ``root`` holds the manifest of a stage that leaves a drafter or its inputs."""
@@ -80,7 +121,7 @@ class RunLayout:
         if prefer_export:
             from specdraft.core.manifest import load_stage_manifest
 
-            export = load_stage_manifest(self.root / "export")
+            export = load_stage_manifest(self.exports)
             if export is not None and Path(export.out).exists():
                 return Path(export.out)
         if self.best.exists():

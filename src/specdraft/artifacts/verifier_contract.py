@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -219,3 +220,53 @@ def _filled(held: VerifierContract, given: VerifierContract) -> VerifierContract
     filled_by = {**held.filled_by, **{k: given.written_by for k in update
                                       if k != "profile_error"}}
     return held.model_copy(update={**update, "filled_by": filled_by})
+
+
+# ------------------------------------------------------------ the one reader of the run's record
+@dataclass(frozen=True)
+class RunVerifier:
+    """The verifier facts a run is bound to, as every later stage reads them (train, export,
+    eval, doctor): ``profile`` (:class:`~specdraft.core.profile.VerifierProfile`), ``chat``
+    (:class:`~specdraft.core.chat.ChatFormat`), ``identity``
+    (:func:`specdraft.core.verifier_identity.identify`'s record); each None when the run has not
+    recorded it. ``source`` names where they were read, for messages: ``RUN/verifier.json``, or
+    the fallback of a run without one (:func:`run_verifier`)."""
+
+    profile: Any
+    chat: ChatFormat | None
+    identity: dict[str, Any] | None
+    source: str
+
+    @property
+    def profile_source(self) -> str:
+        """Where :attr:`profile` came from, for a message (``RUN/verifier.json profile``)."""
+        return f"{self.source} profile"
+
+
+def run_verifier(run_dir: str | os.PathLike | None) -> RunVerifier:
+    """Read the run's verifier record once: ``RUN/verifier.json`` (:func:`load`) when the run
+    has one. Fallback, only for a run without ``verifier.json`` (made before the contract
+    existed, or assembled by hand from stage directories): the profile and identity of
+    ``RUN/extract/manifest.json``, the chat format of ``RUN/prepare/chat_format.json``, else
+    ``RUN/generate/chat_format.json`` (:func:`specdraft.core.chat.run_chat_format`). No run
+    directory: every field None. Raises :class:`InputError` naming a file that exists but cannot
+    be read, :class:`ConfigError` for a stored profile specdraft cannot parse."""
+    from specdraft.core.chat import run_chat_format
+    from specdraft.core.manifest import ExtractManifest, load_stage_manifest
+    from specdraft.core.profile import VerifierProfile
+
+    if run_dir is None:
+        return RunVerifier(None, None, None, "no run directory")
+    held = load(run_dir)
+    if held is not None:
+        profile = None if held.profile is None else VerifierProfile.from_dict(
+            held.profile, source=f"{contract_path(run_dir)} profile")
+        return RunVerifier(profile, held.chat, held.identity, "RUN/verifier.json")
+    from specdraft.artifacts.layout import RunLayout
+
+    extract = load_stage_manifest(RunLayout(run_dir).extract)
+    if not isinstance(extract, ExtractManifest):
+        extract = None
+    return RunVerifier(extract.profile if extract else None, run_chat_format(run_dir),
+                       extract.verifier_identity if extract else None,
+                       "RUN/extract/manifest.json")

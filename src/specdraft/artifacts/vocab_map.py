@@ -12,7 +12,6 @@ import numpy as np
 from specdraft.core.atomic import atomic_open
 from specdraft.core.conventions import vocab_map_problems
 from specdraft.core.errors import InputError
-from specdraft.core.rundir import stage_dir
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +20,10 @@ VOCAB_FILE = "vocab_map.safetensors"
 
 
 def vocab_map_path(run_dir: Path) -> Path:
-    return stage_dir(run_dir, "vocab") / VOCAB_FILE
+    """``RUN/vocab/vocab_map.safetensors`` (:attr:`RunLayout.vocab_map`)."""
+    from specdraft.artifacts.layout import RunLayout
+
+    return RunLayout(run_dir).vocab_map
 
 
 def save_vocab_map(path: Path, d2t: np.ndarray, t2d: np.ndarray) -> None:

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from specdraft.cli.options import stage_command
 from specdraft.doctor.config import DoctorConfig
 
+if TYPE_CHECKING:
+    from specdraft.doctor.run import DoctorReport
 
-def _echo(report: dict[str, Any], cfg: DoctorConfig) -> None:
-    typer.echo(f"doctor: {report['drafter']} ({report['format']})")
-    for c in report["checks"]:
+
+def _echo(report: DoctorReport, cfg: DoctorConfig) -> None:
+    typer.echo(f"doctor: {report.drafter} ({report.format})")
+    for c in report.checks:
         typer.echo(f"  [{'PASS' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
         if not c["ok"]:
             typer.echo(f"         fix: {c['fix']}")
-    if not report["ok"]:
+    if not report.ok:
         raise typer.Exit(1)
 
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
 
 from specdraft.cli.options import echo_figures, stage_command
 from specdraft.eval.config import EvalConfig
 
+if TYPE_CHECKING:
+    from specdraft.core.manifest import EvalManifest
 
-def _echo(m: dict[str, Any], cfg: EvalConfig) -> None:
-    echo_figures(m, "eval", cfg.out or Path(cfg.run_dir) / "eval")
+
+def _echo(m: EvalManifest, cfg: EvalConfig) -> None:
+    from specdraft.artifacts.layout import RunLayout
+
+    echo_figures(m, "eval", cfg.out or RunLayout(cfg.run_dir).eval)
 
 
 command = stage_command(

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
 
 from specdraft.cli.options import echo_figures, stage_command
 from specdraft.export.config import ExportConfig
 
+if TYPE_CHECKING:
+    from specdraft.core.manifest import ExportManifest
 
-def _echo(m: dict[str, Any], cfg: ExportConfig) -> None:
+
+def _echo(m: ExportManifest, cfg: ExportConfig) -> None:
     echo_figures(m, "export")
 
 

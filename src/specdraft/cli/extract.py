@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
 
 from specdraft.cli.options import echo_figures, stage_command
 from specdraft.extract.config import ExtractConfig
 
+if TYPE_CHECKING:
+    from specdraft.core.manifest import ExtractManifest
 
-def _echo(manifest: dict[str, Any], cfg: ExtractConfig) -> None:
-    echo_figures(manifest, "extract", Path(cfg.run_dir) / "extract")
+
+def _echo(manifest: ExtractManifest, cfg: ExtractConfig) -> None:
+    from specdraft.artifacts.layout import RunLayout
+
+    echo_figures(manifest, "extract", RunLayout(cfg.run_dir).extract)
 
 
 command = stage_command(

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from specdraft.cli.options import echo_figures, stage_command
 from specdraft.core.errors import ConfigError
 from specdraft.generate.config import GenerateConfig
+
+if TYPE_CHECKING:
+    from specdraft.core.manifest import GenerateManifest
 
 
 def _field_pairs(items: list[str]) -> dict[str, str]:
@@ -25,7 +27,7 @@ def _field_pairs(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _run(cfg: GenerateConfig) -> dict[str, Any]:
+def _run(cfg: GenerateConfig) -> GenerateManifest:
     from specdraft.generate.run import run
 
     try:
@@ -36,8 +38,10 @@ def _run(cfg: GenerateConfig) -> dict[str, Any]:
         raise typer.Exit(130) from None
 
 
-def _echo(manifest: dict[str, Any], cfg: GenerateConfig) -> None:
-    echo_figures(manifest, "generate", Path(cfg.run_dir) / "generate")
+def _echo(manifest: GenerateManifest, cfg: GenerateConfig) -> None:
+    from specdraft.artifacts.layout import RunLayout
+
+    echo_figures(manifest, "generate", RunLayout(cfg.run_dir).generate)
 
 
 command = stage_command(

@@ -222,8 +222,9 @@ def _resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), attr)
 
 
-def echo_figures(manifest: dict[str, Any], verb: str, where: Any = None) -> None:
-    """Print ``VERB: FIGURES`` — the typed manifest's :meth:`figures` line, the same one
+def echo_figures(manifest: Any, verb: str, where: Any = None) -> None:
+    """Print ``VERB: FIGURES`` — the typed manifest's :meth:`figures` line (``manifest``: the
+    stage's :class:`~specdraft.core.manifest.Manifest`, or its JSON), the same one
     ``specdraft run`` and its summary print — then ``VERB: -> WHERE`` when given."""
     from specdraft.core.manifest import parse_manifest
 

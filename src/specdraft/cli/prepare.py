@@ -3,20 +3,25 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
 
 import typer
 
 from specdraft.cli.options import echo_figures, stage_command
 from specdraft.prepare.config import PrepareConfig
 
+if TYPE_CHECKING:
+    from specdraft.core.manifest import PrepareManifest
 
-def _echo(manifest: dict[str, Any], cfg: PrepareConfig) -> None:
+
+def _echo(manifest: PrepareManifest, cfg: PrepareConfig) -> None:
+    from specdraft.artifacts.layout import RunLayout
+
     from specdraft.prepare.stats import format_summary
 
-    typer.echo(format_summary(manifest["summary"]))
-    echo_figures(manifest, "prepare", Path(cfg.run_dir) / "prepare")
+    typer.echo(format_summary(manifest.summary))
+    echo_figures(manifest, "prepare", RunLayout(cfg.run_dir).prepare)
 
 
 command = stage_command(

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from specdraft.cli.options import echo_figures, stage_command
 from specdraft.train.config import TrainConfig
 
+if TYPE_CHECKING:
+    from specdraft.core.manifest import TrainManifest
 
-def _echo(manifest: dict[str, Any], cfg: TrainConfig) -> None:
-    if manifest.get("world_size", 1) > 1 and int(os.environ.get("RANK", "0")) != 0:
+
+def _echo(manifest: TrainManifest, cfg: TrainConfig) -> None:
+    from specdraft.artifacts.layout import RunLayout
+
+    if manifest.world_size > 1 and int(os.environ.get("RANK", "0")) != 0:
         return
-    echo_figures(manifest, "train", cfg.run_dir / "train")
+    echo_figures(manifest, "train", RunLayout(cfg.run_dir).train)
 
 
 command = stage_command(

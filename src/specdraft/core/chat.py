@@ -274,7 +274,9 @@ class ThinkMarkers(BaseModel):
 
 class ChatFormat(BaseModel):
     """How the verifier's chats are rendered: resolved once (:meth:`resolve`), stored in the run
-    (:meth:`save` / :func:`run_chat_format`) and used by every stage that renders a chat.
+    (``RUN/verifier.json``'s ``chat``, read through
+    :func:`specdraft.artifacts.verifier_contract.run_verifier`; :meth:`save` records each stage's
+    own) and used by every stage that renders a chat.
 
     ``kwargs``: the ``chat_template_kwargs`` of requests that carry none of their own (a sample's
     own, recorded by generate, win). ``history_reasoning``: whether the template renders the
@@ -395,8 +397,10 @@ def generation_stop_ids(model: Any, tokenizer: Any, fmt: ChatFormat | None = Non
 
 
 def run_chat_format(run_dir: str | Path | None) -> ChatFormat | None:
-    """The chat format a run resolved: ``RUN/prepare/chat_format.json``, else
-    ``RUN/generate/chat_format.json`` (local generation), else None."""
+    """The chat format a run recorded in its stage directories: ``RUN/prepare/chat_format.json``,
+    else ``RUN/generate/chat_format.json`` (local generation), else None. Only the fallback of
+    :func:`specdraft.artifacts.verifier_contract.run_verifier` for a run without
+    ``RUN/verifier.json``; every stage reads the run's format through that reader."""
     if run_dir is None:
         return None
     for stage in ("prepare", "generate"):

@@ -11,7 +11,9 @@
   marks the K target ids (training only; both engines skip it at load).
 - **Aux layer ids (EAGLE-3 features).** Id ``i`` = HF ``hidden_states[i]`` = the input to decoder
   layer ``i`` (0 = the embedding output). ``extract``, ``train``, ``export`` and ``doctor`` all
-  call :func:`check_aux_layer_ids`; the default comes from :func:`default_aux_layer_ids`.
+  call :func:`check_aux_layer_ids`; the default comes from :func:`default_aux_layer_ids`. Every
+  conversion to another spelling (vLLM, SGLang, the extraction engine's capture ids, DFlash
+  ``target_layer_ids``) is in :mod:`specdraft.core.aux_ids`.
 
   Valid ids, from the engines' capture code (vLLM 0.32 ``model_executor/models/llama.py``
   ``LlamaModel.forward``: it records ``hidden_states + residual`` under id ``idx + 1`` after decoder

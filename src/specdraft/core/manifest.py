@@ -121,14 +121,28 @@ class StageClock:
 
 def write_manifest(stage_dir: str | os.PathLike, *, stage: str, config: Any, clock: StageClock,
                    inputs: dict[str, str] | None = None, counts: dict[str, Any] | None = None,
-                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``stage_dir/manifest.json`` atomically and return its content.
+                   extra: dict[str, Any] | None = None) -> "Manifest":
+    """Write ``stage_dir/manifest.json`` atomically and return it typed (its stage's class,
+    :func:`parse_manifest`): what every stage's ``run()`` returns.
 
     ``config`` is a :class:`~specdraft.core.config.StageConfig`; ``inputs`` maps an input name
     (``"prepare"``, ``"prompts"``) to its hash; ``counts`` holds in/out/rejected-by-reason
     figures; ``extra`` holds stage-specific facts (conventions, token ids, sizes).
     """
-    manifest = {
+    manifest = build_manifest(stage=stage, config=config, clock=clock, inputs=inputs,
+                              counts=counts, extra=extra)
+    typed = parse_manifest(manifest, manifest_path(stage_dir))  # a stage never writes a
+    atomic_write_json(manifest_path(stage_dir), manifest)  # manifest it could not read back
+    lock.release(stage_dir)  # the stage is complete: another process may take it now
+    return typed
+
+
+def build_manifest(*, stage: str, config: Any, clock: StageClock,
+                   inputs: dict[str, str] | None = None, counts: dict[str, Any] | None = None,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The content :func:`write_manifest` writes, as a dict (nothing written): also what a
+    stage's other ranks return, the same manifest rank 0 wrote."""
+    return {
         "stage": stage,
         "config": config.to_dict(),
         "config_hash": config.config_hash(),
@@ -142,10 +156,6 @@ def write_manifest(stage_dir: str | os.PathLike, *, stage: str, config: Any, clo
         "elapsed_s": clock.elapsed_s(),
         **(extra or {}),
     }
-    parse_manifest(manifest, manifest_path(stage_dir))  # a stage never writes a manifest it
-    atomic_write_json(manifest_path(stage_dir), manifest)  # could not read back
-    lock.release(stage_dir)  # the stage is complete: another process may take it now
-    return manifest
 
 
 # ---------------------------------------------------------------- typed manifests
@@ -175,6 +185,25 @@ class Manifest(BaseModel):
     def figures(self) -> str:
         """One line of the stage's key figures, for the CLI and the run summary."""
         return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest as its JSON: ``manifest.json``'s content, every extra fact included, no
+        default the file did not hold added."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    # A read-only mapping view of :meth:`to_dict`, so that callers written when ``run()``
+    # returned the plain dict (``m["tau"]``, ``m.get("engine")``) read the same values.
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_dict().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
+
+    def keys(self) -> Any:
+        return self.to_dict().keys()
 
 
 def _rejects(by_reason: dict[str, int] | None) -> str:
@@ -273,7 +302,11 @@ class ExtractManifest(Manifest):
 
 
 class TrainManifest(Manifest):
+    """``world_size``: the processes that trained (every rank returns this manifest; rank 0
+    writes it)."""
+
     steps: int
+    world_size: int = 1
     best_step: int | None = None
     best_val: dict[str, Any] | None = None
     tokens_per_s: float = 0.0
@@ -349,9 +382,11 @@ MANIFEST_TYPES: dict[str, type[Manifest]] = {
 }
 
 
-def parse_manifest(data: dict[str, Any], path: str | os.PathLike) -> Manifest:
-    """``data`` as its stage's manifest class; :class:`InputError` naming ``path`` and the first
-    missing or ill-typed key otherwise."""
+def parse_manifest(data: dict[str, Any] | Manifest, path: str | os.PathLike) -> Manifest:
+    """``data`` as its stage's manifest class (a :class:`Manifest` already: itself);
+    :class:`InputError` naming ``path`` and the first missing or ill-typed key otherwise."""
+    if isinstance(data, Manifest):
+        return data
     cls = MANIFEST_TYPES.get(str(data.get("stage")), Manifest)
     try:
         return cls.model_validate(data)

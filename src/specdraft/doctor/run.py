@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from specdraft.artifacts.checks import check_drafter
@@ -9,9 +10,28 @@ from specdraft.core.context import StageContext, single_process
 from specdraft.doctor.config import DoctorConfig
 
 
+@dataclass(frozen=True)
+class DoctorReport:
+    """The doctor's result: the drafter directory checked, its format, whether every check
+    passed, and each check as ``{name, ok, detail, fix}``. ``report["ok"]`` reads like the dict
+    ``run()`` returned before (:meth:`to_dict`)."""
+
+    drafter: str
+    format: str
+    ok: bool
+    checks: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+
 def run(config: DoctorConfig, ctx: StageContext | None = None, *,
-        verifier: Any | None = None) -> dict[str, Any]:
-    """``{"drafter", "format", "ok", "checks": [{name, ok, detail, fix}]}``; writes nothing.
+        verifier: Any | None = None) -> DoctorReport:
+    """Every check of :mod:`specdraft.artifacts.checks` on the drafter (:class:`DoctorReport`);
+    writes nothing.
 
     ``verifier``: an already loaded verifier (else ``config.verifier`` is loaded in
     ``config.dtype``).
@@ -19,4 +39,5 @@ def run(config: DoctorConfig, ctx: StageContext | None = None, *,
     ``ctx``: this process (:mod:`specdraft.core.context`), else read from the environment; the
     stage runs in one process (:func:`specdraft.core.context.single_process`)."""
     single_process("doctor", ctx, "cpu")
-    return check_drafter(config.target, config.verifier, verifier=verifier, dtype=config.dtype)
+    return DoctorReport(**check_drafter(config.target, config.verifier, verifier=verifier,
+                                        dtype=config.dtype))

@@ -17,7 +17,7 @@ class EvalConfig(StageConfig):
     The drafter is ``drafter`` or, with only ``run_dir``, ``RUN/train/best``; results go to
     ``RUN/eval/`` or, without a run dir, ``out``. The benchmark prompts are MT-bench
     (``mt_bench/question.jsonl``) and GSM8K test. Prompts are rendered with the run's chat format
-    (``RUN/prepare/chat_format.json``), else the verifier's. With ``engine`` the same prompt ids
+    (``RUN/verifier.json``'s), else the verifier's. With ``engine`` the same prompt ids
     are also decoded by a real engine and its figures written beside the offline ones; at
     temperature 0 a τ gap beyond ``engine_tolerance`` fails the eval (in float32 on CPU it is 0).
     """

@@ -147,9 +147,10 @@ def engine_drafter(config: Any, out: Path) -> Path:
     """The exported directory the engine loads: ``engine_drafter``, else the eval's drafter when
     it is an export, else the run's export of that drafter, else a fresh ``sglang`` export of it
     (``vllm`` for the MLA drafter) into ``OUT/engine-drafter`` (validated as ``specdraft export``
-    validates: :mod:`specdraft.artifacts.export`)."""
+    validates, against ``--run-dir``'s extraction: :mod:`specdraft.artifacts.export`; raises its
+    :class:`~specdraft.artifacts.validate.ExportRefused` for a drafter of other aux ids)."""
     from specdraft.core.manifest import read_manifest
-    from specdraft.core.rundir import stage_dir
+    from specdraft.artifacts.layout import RunLayout
     from specdraft.eval.config import drafter_dir
     from specdraft.artifacts.drafter import is_dflash_drafter, read_drafter
 
@@ -158,20 +159,21 @@ def engine_drafter(config: Any, out: Path) -> Path:
     src = drafter_dir(config)
     if read_drafter(src).format != "specdraft":
         return src
-    export = read_manifest(stage_dir(config.run_dir, "export")) if config.run_dir else None
+    export = read_manifest(RunLayout(config.run_dir).exports) if config.run_dir else None
     if export and Path(export["out"]).exists() and \
             Path(export.get("source", "")).resolve() == src.resolve():
         return Path(export["out"])
     from specdraft.artifacts.export import ExportRequest, validated_candidate, write_export
 
     target = out / "engine-drafter"
-    # the engine must run the drafter the offline loop ran, with the aux ids it was built with
-    # (the offline eval captures those same ids), so they are the facts the export checks against
+    # checked as `specdraft export` checks it, against the run's own record (RUN/extract's aux
+    # ids, the run's profile and identity); only without a run are the drafter's ids the facts
     drafter = read_drafter(src)
     vllm_only = is_dflash_drafter(drafter) or drafter.config.draft_layer == "mla"
     request = ExportRequest(verifier=config.verifier, speculative_tokens=config.k,
-                            aux_layers=tuple(drafter.config.aux_layer_ids),
-                            format="vllm" if vllm_only else "sglang")
+                            run_dir=config.run_dir, format="vllm" if vllm_only else "sglang",
+                            aux_layers=None if config.run_dir else
+                            tuple(drafter.config.aux_layer_ids))
     with write_export(target, validated_candidate(request, drafter)):
         pass
     return target

@@ -123,9 +123,3 @@ def decode_setting(verifier: Any, model: Any, prompt_ids: list[list[int]], setti
                           shape=setting.shape, max_new_tokens=max_new_tokens, eos_ids=eos)
             for ids in prompt_ids]
 
-
-def best_serve_commands(plan: dict[str, Any], export_dir: str, verifier: str) -> list[str]:
-    """The serve command lines of the plan's best setting."""
-    b = plan["best_setting"]
-    return Setting(b["steps"], b["topk"], b["num_draft_tokens"]).serve_commands(export_dir,
-                                                                              verifier)

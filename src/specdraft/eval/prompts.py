@@ -9,7 +9,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from specdraft.core.chat import ChatFormat, run_chat_format
+from specdraft.artifacts.verifier_contract import run_verifier
+from specdraft.core.chat import ChatFormat
 from specdraft.core.errors import InputError
 from specdraft.artifacts.prompts import DEFAULT_FIELDS, iter_rows, parse_row
 
@@ -30,10 +31,11 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, A
 
 
 def eval_chat_format(config: Any, tokenizer: Any) -> ChatFormat:
-    """The chat format eval renders with: the run's (``RUN/prepare/chat_format.json``, so τ is
+    """The chat format eval renders with: the run's (``RUN/verifier.json``'s,
+    :func:`specdraft.artifacts.verifier_contract.run_verifier`, so τ is
     measured on prompts formatted like the training data), else resolved from the verifier's
     tokenizer; ``--chat-template`` / ``--chat-template-kwargs`` override either."""
-    fmt = run_chat_format(config.run_dir)
+    fmt = run_verifier(config.run_dir).chat
     if fmt is None or config.chat_template is not None:
         kwargs = fmt.kwargs if fmt is not None else {}
         fmt = ChatFormat.resolve(tokenizer, chat_template=config.chat_template, kwargs=kwargs)

@@ -25,9 +25,10 @@ from specdraft.core.atomic import atomic_write_json
 from specdraft.core.chat import generation_stop_ids
 from specdraft.core.assets import resolve_path
 from specdraft.core.context import StageContext, single_process
-from specdraft.core.manifest import StageClock, file_sha256, input_hash, read_manifest, \
-    write_manifest
-from specdraft.core.rundir import open_stage_dir, stage_dir
+from specdraft.core.manifest import EvalManifest, StageClock, file_sha256, input_hash, \
+    read_manifest, write_manifest
+from specdraft.artifacts.layout import RunLayout
+from specdraft.core.rundir import open_stage_dir
 from specdraft.eval.config import EvalConfig, drafter_dir
 from specdraft.eval.plot import plot_acceptance
 from specdraft.eval.prompts import eval_chat_format, load_prompts, render
@@ -188,8 +189,8 @@ def decode_dflash(config: EvalConfig, verifier: Any, model: Any, prompt_ids: lis
 
 
 def run(config: EvalConfig, ctx: StageContext | None = None, *,
-        verifier: Any | None = None) -> dict[str, Any]:
-    """Evaluate; return the manifest. ``verifier``: an already loaded HF model (so that
+        verifier: Any | None = None) -> EvalManifest:
+    """Evaluate; return the manifest (typed). ``verifier``: an already loaded HF model (so that
     ``specdraft run`` loads it once); else it is loaded from ``config.verifier`` on
     ``ctx.device``.
 
@@ -247,20 +248,20 @@ def run(config: EvalConfig, ctx: StageContext | None = None, *,
 
 def verifier_binding(config: EvalConfig, verifier: Any, tokenizer: Any) -> dict[str, Any]:
     """Check that ``--verifier`` is the model the drafter was trained on, before decoding
-    (:mod:`specdraft.core.verifier_identity`): its identity against the drafter's (else
-    RUN/extract's) record, then the hidden-state probe on a few ``RUN/extract`` rows when the
-    run has them (without them only the identity is compared, said in the line). Returns the
-    record for results.json; raises :class:`ConfigError` for another model or a failed probe
-    unless ``--allow-other-verifier``."""
+    (:mod:`specdraft.core.verifier_identity`): its identity against the drafter's (else the
+    run's, :func:`specdraft.artifacts.verifier_contract.run_verifier`) record, then the
+    hidden-state probe on a few ``RUN/extract`` rows when the run has them (without them only
+    the identity is compared, said in the line). Returns the record for results.json; raises
+    :class:`ConfigError` for another model or a failed probe unless ``--allow-other-verifier``.
+    """
     from specdraft.core.errors import ConfigError
-    from specdraft.core.manifest import load_stage_manifest
     from specdraft.artifacts.hidden_states import probe_or_skip
+    from specdraft.artifacts.verifier_contract import run_verifier
     from specdraft.core.verifier_identity import bind, drafter_identity
 
     recorded = drafter_identity(drafter_dir(config))
-    if recorded is None and config.run_dir is not None:
-        extract = load_stage_manifest(stage_dir(config.run_dir, "extract"))
-        recorded = extract.verifier_identity if extract is not None else None
+    if recorded is None:
+        recorded = run_verifier(config.run_dir).identity
     flag = "--allow-other-verifier"
     binding = bind(recorded, config.verifier, allow_other=config.allow_other_verifier,
                    flag=flag, tokenizer=tokenizer)
@@ -355,7 +356,7 @@ def _inputs(config: EvalConfig) -> dict[str, str]:
         return inputs
     drafter = drafter_dir(config).resolve()
     for upstream in ("train", "export"):
-        up = stage_dir(config.run_dir, upstream)
+        up = RunLayout(config.run_dir).stage(upstream)
         if read_manifest(up) and drafter.is_relative_to(up.resolve()):
             inputs[upstream] = input_hash(up)
     return inputs

@@ -17,9 +17,9 @@ from specdraft.artifacts.export import validated_candidate, write_export
 from specdraft.artifacts.layout import RunLayout
 from specdraft.core.errors import InputError, StageDirError
 from specdraft.core.context import StageContext, single_process
-from specdraft.core.manifest import (StageClock, load_stage_manifest, utc_now, write_manifest,
-                                     write_provenance)
-from specdraft.core.rundir import open_stage_dir, stage_dir
+from specdraft.core.manifest import (ExportManifest, StageClock, load_stage_manifest, utc_now,
+                                     write_manifest, write_provenance)
+from specdraft.core.rundir import open_stage_dir
 from specdraft.export.config import ExportConfig
 from specdraft.models.eagle3 import AUX_CONVENTION
 
@@ -35,11 +35,11 @@ def source_dir(config: ExportConfig) -> Path:
 
 def out_dir(config: ExportConfig) -> Path:
     return Path(config.out) if config.out is not None else \
-        stage_dir(config.run_dir, STAGE) / config.format
+        RunLayout(config.run_dir).export(config.format)
 
 
-def run(config: ExportConfig, ctx: StageContext | None = None) -> dict[str, Any]:
-    """Validate and write the export; return its manifest.
+def run(config: ExportConfig, ctx: StageContext | None = None) -> ExportManifest:
+    """Validate and write the export; return its manifest (typed).
 
     Raises :class:`ExportRefused` listing every problem (nothing written), or
     :class:`StageDirError` when the output exists and ``--overwrite`` was not given.
@@ -58,7 +58,7 @@ def run(config: ExportConfig, ctx: StageContext | None = None) -> dict[str, Any]
     profile, identity, binding = c.profile, c.identity, c.binding
     manifest_dir, exports = out, {}
     if config.run_dir is not None:
-        exports = _earlier_exports(stage_dir(config.run_dir, STAGE))
+        exports = _earlier_exports(RunLayout(config.run_dir).exports)
         manifest_dir = open_stage_dir(config.run_dir, STAGE, resume=True)
     with write_export(out, c) as tmp:
         write_provenance(tmp, stage=STAGE, config=config, inputs=facts["inputs"],

@@ -13,6 +13,7 @@ import random
 import shutil
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -21,10 +22,11 @@ import torch
 from specdraft.core.atomic import atomic_write_json, atomic_write_text
 from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.jsonl import iter_jsonl, read_json
-from specdraft.core.manifest import StageClock, input_hash, write_manifest
+from specdraft.core.manifest import ExtractManifest, StageClock, input_hash, \
+    load_stage_manifest, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.resume import record_settings
-from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
+from specdraft.core.rundir import open_stage_dir, require_stage
 from specdraft.core.batching import pad_rows, plan_batches, plan_shards, rank_batches
 from specdraft.core.capture import (CONVENTION, capture_packed, check_aux_ids,
                                        default_aux_ids, num_layers)
@@ -175,17 +177,17 @@ def _check_disk(out: Path, estimate: int) -> None:
 # ---------------------------------------------------------------- the extraction loop
 
 
-def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: dict[str, Any],
+def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: ExtractPlan,
                   rank: int) -> dict[str, Any]:
     """Capture this rank's batches and write its shards; return its throughput stats."""
     from tqdm import tqdm
 
-    codec, keys, seq_lens = ctx["codec"], ctx["keys"], ctx["seq_lens"]
-    batches, shards = ctx["batches"], ctx["shards"]
+    codec, keys, seq_lens = ctx.codec, ctx.keys, ctx.seq_lens
+    batches, shards = ctx.batches, ctx.shards
     done = recover(out, rank, shards, codec)
     done_rows = {r for s in done for r in shards[s]}
     todo = [b for b in batches if any(r not in done_rows for r in b.rows)]
-    writer = RankWriter(out, rank, shards, done, keys, codec, ctx["metadata"],
+    writer = RankWriter(out, rank, shards, done, keys, codec, ctx.metadata,
                         zstd_level=config.zstd_level)
     bar = tqdm(total=sum(len(b.rows) * b.max_len for b in todo), unit="tok", unit_scale=True,
                disable=rank != 0, desc="extract", file=sys.stderr)
@@ -193,7 +195,7 @@ def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: di
     try:
         for batch in todo:
             ids, masks = _load_rows(ds, batch.rows, keys, seq_lens)
-            packed = capture_packed(model, pad_rows(ids, masks), ctx["aux_ids"], codec)
+            packed = capture_packed(model, pad_rows(ids, masks), ctx.aux_ids, codec)
             writer.submit(batch.rows, ids, masks, packed)
             tokens += sum(packed.lengths)
             samples += len(batch.rows)
@@ -212,15 +214,15 @@ def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: di
 
 
 def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
-                       ctx: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+                       ctx: ExtractPlan, rank: int, world: int) -> dict[str, Any]:
     """:func:`_extract_rank` with a vLLM engine: the same plan, recovery, writer and stats."""
     from specdraft.extract.vllm_backend import extract_rows
 
-    codec, keys, seq_lens, shards = ctx["codec"], ctx["keys"], ctx["seq_lens"], ctx["shards"]
+    codec, keys, seq_lens, shards = ctx.codec, ctx.keys, ctx.seq_lens, ctx.shards
     done = recover(out, rank, shards, codec)
     done_rows = {r for s in done for r in shards[s]}
-    rows = [r for b in ctx["batches"] for r in b.rows if r not in done_rows]
-    writer = RankWriter(out, rank, shards, done, keys, codec, ctx["metadata"],
+    rows = [r for b in ctx.batches for r in b.rows if r not in done_rows]
+    writer = RankWriter(out, rank, shards, done, keys, codec, ctx.metadata,
                         zstd_level=config.zstd_level)
     t0, engine = time.monotonic(), {}
     try:
@@ -309,8 +311,8 @@ def verify(model: Any, ds: Any, out: Path, aux_ids: Sequence[int], n: int, seed:
 
 
 def run(config: ExtractConfig, ctx: StageContext | None = None, *,
-        verifier: Any = None) -> dict[str, Any]:
-    """Run the extract stage; return its manifest (on every rank).
+        verifier: Any = None) -> ExtractManifest:
+    """Run the extract stage; return its manifest (typed, on every rank).
 
     ``ctx``: this process, from a caller that started the process group itself (else
     :func:`specdraft.core.context.stage_context` reads torchrun's environment and starts it).
@@ -354,9 +356,32 @@ def _shape(model: Any) -> tuple[int, int]:
     return num_layers(model), int(model.config.hidden_size)
 
 
+@dataclass
+class ExtractPlan:
+    """Everything the ranks share: the aux ids (HF convention) and the verifier's layer count
+    and hidden size, its profile, the storage codec, the row keys and lengths (tokens,
+    supervised positions), this rank's batches and shards, the estimated bytes, the shard
+    metadata; ``resume_changes`` and ``identity`` are filled once the stage has checked them."""
+
+    aux_ids: list[int]
+    n_layers: int
+    hidden: int
+    codec: Codec
+    profile: VerifierProfile
+    keys: list[str]
+    seq_lens: list[int]
+    n_sup: list[int]
+    batches: list[Any]
+    shards: Any
+    estimate: int
+    metadata: dict[str, str]
+    resume_changes: dict[str, list[Any]] = field(default_factory=dict)
+    identity: dict[str, Any] | None = None
+
+
 def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
-             ) -> dict[str, Any]:
-    """Everything the ranks share: aux ids, codec, keys, lengths, the plan, shard metadata."""
+             ) -> ExtractPlan:
+    """Everything the ranks share (:class:`ExtractPlan`)."""
     n_layers, hidden = _shape(model)
     profile = verifier_profile(config, model)  # refuses a config it does not understand, first
     aux_ids = (check_aux_ids(config.aux_layers, n_layers) if config.aux_layers
@@ -368,17 +393,16 @@ def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
     estimate = sum(row_bytes(t, s, len(aux_ids), hidden, codec) for t, s in zip(seq_lens, n_sup))
     metadata = {"format": codec.name, "aux_layer_ids": ",".join(map(str, aux_ids)),
                 "hidden_size": str(hidden), "convention": CONVENTION}
-    return {"aux_ids": aux_ids, "n_layers": n_layers, "hidden": hidden, "codec": codec,
-            "profile": profile,
-            "keys": keys, "seq_lens": seq_lens, "n_sup": n_sup, "batches": batches,
-            "shards": shards, "estimate": estimate, "metadata": metadata}
+    return ExtractPlan(aux_ids=aux_ids, n_layers=n_layers, hidden=hidden, codec=codec,
+                       profile=profile, keys=keys, seq_lens=seq_lens, n_sup=n_sup,
+                       batches=batches, shards=shards, estimate=estimate, metadata=metadata)
 
 
 def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str, Any]:
     rank, world = stage.rank, stage.world_size
     clock = StageClock()
     require_stage(config.run_dir, "prepare")
-    out = stage_dir(config.run_dir, STAGE)
+    out = RunLayout(config.run_dir).extract
 
     def open_and_compare() -> dict[str, list[Any]]:
         open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
@@ -395,20 +419,21 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
                                        trust_remote_code=config.trust_remote_code,
                                        in_memory=verifier is not None), rank, world)
     model = _load_model(config, verifier, out, str(stage.device))
-    ctx = {**_context(config, model, ds, rank, world), "resume_changes": changes or {}}
+    ctx = _context(config, model, ds, rank, world)
+    ctx.resume_changes = changes or {}
     in_memory = verifier is not None
-    ctx["identity"] = _on_rank0(lambda: verifier_identity(config, in_memory=in_memory), rank,
+    ctx.identity = _on_rank0(lambda: verifier_identity(config, in_memory=in_memory), rank,
                                 world)
     plan = {"world_size": world, "batch_tokens": config.batch_tokens, "storage": config.storage,
-            "shard_mb": config.shard_mb, "aux_layer_ids": list(ctx["aux_ids"]),
-            "prepare": input_hash(stage_dir(config.run_dir, "prepare")),
+            "shard_mb": config.shard_mb, "aux_layer_ids": list(ctx.aux_ids),
+            "prepare": input_hash(RunLayout(config.run_dir).prepare),
             "zstd_level": config.zstd_level, "model_dtype": str(model.dtype),
             "backend": config.backend}
 
     def prologue() -> None:
         (out / "shards").mkdir(exist_ok=True)
         _check_plan(out, plan, config.resume)
-        _check_disk(out, ctx["estimate"])
+        _check_disk(out, ctx.estimate)
 
     _on_rank0(prologue, rank, world)
     if config.backend == "vllm":
@@ -419,7 +444,7 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
     _barrier(world)
     _on_rank0(lambda: _finish(config, model, ds, out, ctx, clock, world), rank, world)
     _barrier(world)
-    return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    return load_stage_manifest(out)
 
 
 def _profile(config: ExtractConfig, model: Any, head: dict[str, Any]) -> dict[str, Any]:
@@ -468,12 +493,12 @@ def verifier_identity(config: ExtractConfig, *, in_memory: bool) -> dict[str, An
         return None
 
 
-def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str, Any],
+def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: ExtractPlan,
             clock: StageClock, world: int) -> dict[str, Any]:
     """Rank 0: merge the index, write the verifier head, verify, write the manifest."""
-    entries = _merge_index(out, world, len(ctx["keys"]))
+    entries = _merge_index(out, world, len(ctx.keys))
     head = _write_head(model, out)
-    checked = verify(model, ds, out, ctx["aux_ids"], config.verify, config.seed) \
+    checked = verify(model, ds, out, ctx.aux_ids, config.verify, config.seed) \
         if config.verify else None
     if checked is not None and not checked["ok"]:
         print(f"extract: --verify found differences beyond tolerance: {checked}",
@@ -482,30 +507,30 @@ def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: dict[str
     tokens = sum(e["seq_len"] for e in entries)
     n_sup = sum(e["n_sup"] for e in entries)
     total = sum(f.stat().st_size for f in (out / "shards").glob("*.safetensors"))
-    H, V = ctx["hidden"], head["lm_head.weight"]["shape"][0]
+    H, V = ctx.hidden, head["lm_head.weight"]["shape"][0]
     extra = {
-        "convention": CONVENTION, "aux_layer_ids": list(ctx["aux_ids"]),
-        "n_layers": ctx["n_layers"], "hidden_size": H, "vocab_size": V,
+        "convention": CONVENTION, "aux_layer_ids": list(ctx.aux_ids),
+        "n_layers": ctx.n_layers, "hidden_size": H, "vocab_size": V,
         "final_hidden": "output of the verifier's final norm (HF last_hidden_state = "
                         "hidden_states[N]); lm_head(final_hidden) = logits",
         "target_representation": TARGET_DOC,
         "verifier": _profile(config, model, head),
-        "profile": ctx["profile"].to_dict(),
-        "verifier_identity": ctx["identity"],
+        "profile": ctx.profile.to_dict(),
+        "verifier_identity": ctx.identity,
         "storage": {"format": config.storage, "shard_mb": config.shard_mb,
                     "zstd_level": config.zstd_level if CODECS[config.storage].zstd else None,
                     "shards": len({e["shard"] for e in entries}), "bytes_total": total,
-                    "estimated_bytes": ctx["estimate"],
+                    "estimated_bytes": ctx.estimate,
                     "bytes_per_token": round(total / max(tokens, 1), 2),
                     "bytes_per_token_over_8H": round(total / max(tokens, 1) / (8 * H), 4)},
         "world_size": world, "throughput": stats, "verify": checked,
-        "resume_changes": ctx["resume_changes"],
+        "resume_changes": ctx.resume_changes,
         "files": {"index": INDEX_FILE, "head": HEAD_FILE, "shards": "shards/"},
     }
-    counts = {"rows_in": len(ctx["keys"]), "rows_out": len(entries), "tokens": tokens,
+    counts = {"rows_in": len(ctx.keys), "rows_out": len(entries), "tokens": tokens,
               "supervised_tokens": n_sup,
               "rows_without_targets": sum(1 for e in entries if e["n_sup"] == 0),
               "rejected": {}}
     return write_manifest(out, stage=STAGE, config=config, clock=clock,
-                          inputs={"prepare": input_hash(stage_dir(config.run_dir, "prepare"))},
+                          inputs={"prepare": input_hash(RunLayout(config.run_dir).prepare)},
                           counts=counts, extra=extra)

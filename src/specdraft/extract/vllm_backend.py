@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specdraft.core.aux_ids import extraction_capture_ids
 from specdraft.core.conventions import supervised_mask
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.profile import NormGain, config_json, norm_gain
@@ -167,11 +168,6 @@ def final_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gain: NormGain
 # ---------------------------------------------------------------- engine ids and conversion
 
 
-def engine_layer_ids(aux_ids: Sequence[int], n_layers: int) -> list[int]:
-    """vLLM ids to capture (ascending, as vLLM orders them): the aux ids and ``N`` (final)."""
-    return sorted(set(aux_ids) | {n_layers})
-
-
 def to_packed(hidden: torch.Tensor, loss_mask: Sequence[int], aux_ids: Sequence[int],
               ids: Sequence[int], verifier: EngineVerifier, codec: Codec) -> Packed:
     """One row's engine states ``hidden`` ``[T, len(ids), H]`` (ids ascending) → :class:`Packed`
@@ -287,7 +283,7 @@ def _ready_rows(spool: Path) -> list[int]:
             if n.startswith("row") and n.endswith(".safetensors") and len(n) == 24]
 
 
-def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str, Any],
+def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: Any,
                  rank: int, world: int, rows: Sequence[int], ids: Sequence[Sequence[int]],
                  masks: Sequence[Sequence[int]], writer: Any) -> dict[str, float]:
     """Run one engine over ``rows`` (plan order) and submit each row's states to ``writer``.
@@ -303,8 +299,8 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
     job_dir = out / "vllm" / f"rank{rank:05d}"
     shutil.rmtree(job_dir, ignore_errors=True)
     (job_dir / "spool").mkdir(parents=True)
-    engine_ids = engine_layer_ids(ctx["aux_ids"], verifier.n_layers)
-    _write_job(job_dir, config, verifier, rows, ctx["keys"], ids, engine_ids)
+    engine_ids = extraction_capture_ids(ctx.aux_ids, verifier.n_layers)
+    _write_job(job_dir, config, verifier, rows, ctx.keys, ids, engine_ids)
     where = {r: i for i, r in enumerate(rows)}
     held: dict[int, Packed] = {}  # converted rows waiting for an earlier row of the plan
     nxt = 0
@@ -321,9 +317,9 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: dict[str
             for r in ready:
                 i = where.pop(r)
                 path = spool_path(job_dir / "spool", r)
-                hidden = read_row(path, ctx["keys"][r], ids[i])
-                held[i] = to_packed(hidden, masks[i], ctx["aux_ids"], engine_ids, verifier,
-                                    ctx["codec"])
+                hidden = read_row(path, ctx.keys[r], ids[i])
+                held[i] = to_packed(hidden, masks[i], ctx.aux_ids, engine_ids, verifier,
+                                    ctx.codec)
                 done_path(job_dir / "spool", r).touch()
                 path.unlink()
                 first = first or time.monotonic()

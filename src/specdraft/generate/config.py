@@ -103,17 +103,8 @@ class GenerateConfig(StageConfig):
     @model_validator(mode="before")
     @classmethod
     def _one_think_setting(cls, data: Any) -> Any:
-        """Settings files written before think markers were one setting (``think_open`` and
-        ``think_close``) still load: both become ``think_tokens``; one alone, or either beside
-        ``think_tokens``, is refused."""
-        if not isinstance(data, dict) or not {"think_open", "think_close"} & set(data):
-            return data
-        data = dict(data)
-        pair = (data.pop("think_open", None), data.pop("think_close", None))
-        if None in pair or data.get("think_tokens") is not None:
-            raise ValueError("think_open/think_close: give both, or think_tokens: "
-                             "[OPENER, CLOSER] alone (one setting)")
-        return {**data, "think_tokens": pair}
+        """Settings files written before think markers were one setting: :func:`fold_think_pair`."""
+        return fold_think_pair(data) if isinstance(data, dict) else data
 
     @field_validator("stop_tokens", "think_tokens", mode="before")
     @classmethod
@@ -161,3 +152,22 @@ class GenerateConfig(StageConfig):
         if self.seed is not None:
             out["seed"] = self.seed
         return out
+
+
+LEGACY_THINK = ("think_open", "think_close")
+
+
+def fold_think_pair(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` (generate's, as a dict) with the ``think_open``/``think_close`` pair of
+    settings files written before think markers were one setting folded into ``think_tokens``
+    (``[OPENER, CLOSER]``); ``settings`` itself when it has neither. Used by generate's config
+    and by ``specdraft run``'s ``[generate]`` section. Raises ValueError for one of the pair
+    alone, or the pair beside ``think_tokens``."""
+    if not set(LEGACY_THINK) & set(settings):
+        return settings
+    data = dict(settings)
+    pair = (data.pop("think_open", None), data.pop("think_close", None))
+    if None in pair or data.get("think_tokens") is not None:
+        raise ValueError("think_open/think_close: give both, or think_tokens: "
+                         "[OPENER, CLOSER] alone (one setting)")
+    return {**data, "think_tokens": list(pair)}

@@ -28,7 +28,7 @@ from specdraft.core.context import StageContext, single_process
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
 from specdraft.core.assets import resolve_path
-from specdraft.core.manifest import StageClock, file_sha256, write_manifest
+from specdraft.core.manifest import GenerateManifest, StageClock, file_sha256, write_manifest
 from specdraft.core.rejects import Rejects
 from specdraft.core.resume import record_settings
 from specdraft.core.rundir import open_stage_dir
@@ -174,8 +174,8 @@ def _select(config: GenerateConfig, out: Path, prior: PriorState, sink: Sink
 
 
 def run(config: GenerateConfig, ctx: StageContext | None = None, *, verifier: Any = None,
-        stream: TextIO | None = None) -> dict[str, Any]:
-    """Run the generate stage; return its manifest.
+        stream: TextIO | None = None) -> GenerateManifest:
+    """Run the generate stage; return its manifest (typed).
 
     ``ctx``: this process (:mod:`specdraft.core.context`; one process only, the local backend
     loads the verifier on ``ctx.device``), else read from the environment.
@@ -222,7 +222,7 @@ def run(config: GenerateConfig, ctx: StageContext | None = None, *, verifier: An
 
 def _finish(config: GenerateConfig, out: Path, clock: StageClock, prior: PriorState,
             sink: Sink, counts: dict[str, int], summary: dict[str, Any],
-            facts: dict[str, Any]) -> dict[str, Any]:
+            facts: dict[str, Any]) -> GenerateManifest:
     rejected = prior.rejected + sink.rejects.counts
     counts = {**counts, "retried_errors": len(prior.retried), "finished_this_run":
               sink.progress.done, "samples": prior.samples + sink.written,

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
 
+from specdraft.core.aux_ids import dflash_target_to_hf_ids
 from specdraft.core.errors import ConfigError
 from specdraft.core.profile import resolve_profile
 from specdraft.models.eagle3 import (DraftRotaryEmbedding, Eagle3MLP, RMSNorm, apply_rotary,
@@ -104,7 +105,7 @@ class DFlashConfig:
 
     def hf_hidden_ids(self) -> list[int]:
         """The HF ``hidden_states`` indices the drafter reads: ``target_layer_ids + 1``."""
-        return [i + 1 for i in self.target_layer_ids]
+        return dflash_target_to_hf_ids(self.target_layer_ids)
 
     @property
     def aux_layer_ids(self) -> tuple[int, ...]:

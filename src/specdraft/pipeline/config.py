@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from specdraft.artifacts.layout import RunLayout
 from specdraft.core.config import StageConfig, load_yaml
 from specdraft.core.errors import ConfigError
+from specdraft.generate.config import LEGACY_THINK, fold_think_pair
 from specdraft.pipeline.stages import STAGE_NAMES, STAGES
 
 SHARED_KEYS = ("run_dir", "verifier", "device")
@@ -121,13 +123,14 @@ def _one_chat_format(sections: dict[str, dict[str, Any]], chat: Any, path: str |
 def _chat_value(section: dict[str, Any], field: str) -> Any:
     """A section's value of a :data:`CHAT_FIELDS` field (think tokens as a list), or None.
     generate's ``think_open``/``think_close`` of older settings files count as its
-    ``think_tokens`` (both or neither)."""
-    if field == "think_tokens" and {"think_open", "think_close"} & set(section):
-        given = [n for n in ("think_open", "think_close") if n in section]
-        if len(given) == 1:
-            raise ConfigError(f"[generate]: `{given[0]}` without its pair; set "
-                              f"`chat: {{think_tokens: [OPENER, CLOSER]}}`")
-        section["think_tokens"] = [section.pop("think_open"), section.pop("think_close")]
+    ``think_tokens`` (:func:`specdraft.generate.config.fold_think_pair`)."""
+    if field == "think_tokens" and set(LEGACY_THINK) & set(section):
+        try:
+            folded = fold_think_pair(section)
+        except ValueError as err:
+            raise ConfigError(f"[generate]: {err}") from None
+        section.clear()
+        section.update(folded)
     value = section.get(field)
     if field == "think_tokens" and isinstance(value, str):
         return [t.strip() for t in value.split(",")]
@@ -158,7 +161,7 @@ def _dflash_defaults(sections: dict[str, dict[str, Any]], path: str | Path) -> N
 def _eval_the_export(sections: dict[str, dict[str, Any]], run_dir: str) -> None:
     """Unless told otherwise, ``eval`` measures the exported drafter: the artifact deployed."""
     export = sections["export"]
-    out = export.get("out") or str(Path(run_dir) / "export" / export.get("format", "sglang"))
+    out = export.get("out") or str(RunLayout(run_dir).export(export.get("format", "sglang")))
     if not sections["eval"].get("drafter"):
         sections["eval"]["drafter"] = out
 

@@ -22,10 +22,10 @@ from specdraft.core.atomic import atomic_write_json
 from specdraft.core.config import StageConfig
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.jsonl import read_json
-from specdraft.core.manifest import (MANIFEST, StageClock, input_hash, path_sha256,
+from specdraft.core.manifest import (MANIFEST, Manifest, StageClock, input_hash, path_sha256,
                                      load_stage_manifest, parse_manifest, read_manifest,
                                      utc_now)
-from specdraft.core.rundir import stage_dir
+from specdraft.artifacts.layout import RunLayout
 from specdraft.core.context import single_process
 from specdraft.core.verifier import VerifierSpec
 from specdraft.pipeline.config import PipelineConfig
@@ -42,12 +42,13 @@ def stage_state(run_dir: str, spec: StageSpec, config: StageConfig,
     Complete needs the same config hash, the current upstream manifests and, for the user files
     the stage read (prompts, ``--data``), the same content hash as recorded: a prompt file
     edited in place reruns its stage."""
-    path = stage_dir(run_dir, spec.name)
+    path = RunLayout(run_dir).stage(spec.name)
     manifest = read_manifest(path)
     if manifest is not None:
         recorded = manifest.get("inputs", {})
-        fresh = all(input_hash(stage_dir(run_dir, up)) in set(recorded.values())
-                    for up in spec.upstream if (stage_dir(run_dir, up) / MANIFEST).exists())
+        layout = RunLayout(run_dir)
+        fresh = all(input_hash(layout.stage(up)) in set(recorded.values())
+                    for up in spec.upstream if (layout.stage(up) / MANIFEST).exists())
         files_same = all(path_sha256(path) == recorded.get(name)
                          for name, path in spec.input_files(config).items())
         same = manifest.get("config_hash") == config.config_hash()
@@ -110,8 +111,8 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
     stream = stream or sys.stderr
     clock = StageClock()
     run_dir = config.run_dir
-    lock.acquire(stage_dir(run_dir, "run"), what="specdraft run")
-    state_path = stage_dir(run_dir, "run") / STATE_FILE
+    lock.acquire(RunLayout(run_dir).pipeline, what="specdraft run")
+    state_path = RunLayout(run_dir).pipeline / STATE_FILE
     started = read_json(state_path, what="pipeline state") if state_path.exists() else {}
     if not isinstance(started, dict):
         raise InputError(f"{state_path}: expected a JSON object; delete it to rerun every stage")
@@ -130,16 +131,17 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
         print(f"[run] {spec.name}: {'resuming' if resume else 'running'} ({state})", file=stream)
         started[spec.name] = cfg.config_hash()
         atomic_write_json(state_path, started)
-        manifest = _run_stage(spec, cfg, resume=resume, verifier=verifier)
-        print(f"[run] {spec.name}: done in {manifest.get('elapsed_s', 0):.0f}s — "
-              f"{parse_manifest(manifest, spec.name).figures()}", file=stream)
+        manifest = parse_manifest(_run_stage(spec, cfg, resume=resume, verifier=verifier),
+                                  spec.name)
+        print(f"[run] {spec.name}: done in {manifest.elapsed_s:.0f}s — {manifest.figures()}",
+              file=stream)
         actions[spec.name] = action
         upstream_ran = True
     return _finish(config, actions, clock, stream)
 
 
 def _run_stage(spec: StageSpec, cfg: StageConfig, *, resume: bool,
-               verifier: SharedVerifier) -> dict[str, Any]:
+               verifier: SharedVerifier) -> Manifest:
     control = {"resume": resume, "overwrite": not resume}
     cfg = cfg.model_copy(update={k: v for k, v in control.items() if k in type(cfg).model_fields})
     kwargs = {}
@@ -153,11 +155,11 @@ def _run_stage(spec: StageSpec, cfg: StageConfig, *, resume: bool,
 
 def _finish(config: PipelineConfig, actions: dict[str, str], clock: StageClock,
             stream: TextIO) -> dict[str, Any]:
-    manifests = {name: load_stage_manifest(stage_dir(config.run_dir, name))
+    manifests = {name: load_stage_manifest(RunLayout(config.run_dir).stage(name))
                  for name in STAGE_NAMES}
     summary = format_summary(config, manifests)
     print(summary, file=stream)
-    out = stage_dir(config.run_dir, "run")
+    out = RunLayout(config.run_dir).pipeline
     (out / "summary.txt").write_text(summary + "\n")
     manifest = {"stage": "run", "config_file": config.source, "run_dir": config.run_dir,
                 "actions": actions, "argv": list(sys.argv), "started_at": clock.started_at,

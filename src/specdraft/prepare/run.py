@@ -19,9 +19,10 @@ from specdraft.core.chat import (DEFAULT_THINK, ChatFormat, Renderer,
                                  template_special_ids)
 from specdraft.core.context import StageContext, single_process
 from specdraft.core.errors import ConfigError, InputError
-from specdraft.core.manifest import StageClock, input_hash, path_sha256, write_manifest
+from specdraft.core.manifest import PrepareManifest, StageClock, input_hash, path_sha256, \
+    write_manifest
 from specdraft.core.rejects import Rejects
-from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
+from specdraft.core.rundir import open_stage_dir, require_stage
 from specdraft.prepare.config import PrepareConfig
 from specdraft.prepare.records import (Sample, iter_records, iter_turns, split_inline_reasoning,
                                        to_sample)
@@ -85,7 +86,7 @@ def input_files(config: PrepareConfig) -> tuple[Path, dict[str, str]]:
             raise ConfigError(f"--data {path}: not found")
         return path, {"data": path_sha256(path)}
     require_stage(config.run_dir, "generate")
-    gen = stage_dir(config.run_dir, "generate")
+    gen = RunLayout(config.run_dir).generate
     return gen / "samples.jsonl", {"generate": input_hash(gen)}
 
 
@@ -160,8 +161,8 @@ def start_job(config: PrepareConfig, out: Path) -> tuple[_Job, ChatFormat, int]:
     return job, fmt, vocab_size
 
 
-def run(config: PrepareConfig, ctx: StageContext | None = None) -> dict[str, Any]:
-    """Run the prepare stage; return its manifest. Raises ConfigError / InputError /
+def run(config: PrepareConfig, ctx: StageContext | None = None) -> PrepareManifest:
+    """Run the prepare stage; return its manifest (typed). Raises ConfigError / InputError /
     StageDirError with a message naming the flag, file+line or directory.
 
     ``ctx``: this process (:mod:`specdraft.core.context`), else read from the environment; the

@@ -14,10 +14,12 @@ from typing import Any
 
 import torch
 
+from specdraft.core.aux_ids import hf_to_dflash_target_ids
 from specdraft.core.errors import ConfigError, InputError, SpecdraftError
-from specdraft.core.manifest import StageClock, input_hash, write_manifest
+from specdraft.core.manifest import StageClock, TrainManifest, build_manifest, input_hash, \
+    parse_manifest, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
-from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
+from specdraft.core.rundir import open_stage_dir, require_stage
 from specdraft.models.eagle3 import AUX_CONVENTION, Eagle3Config, Eagle3DraftModel, \
     default_draft_layer
 from specdraft.models.io import drafter_from_dict
@@ -30,15 +32,19 @@ from specdraft.artifacts.vocab_map import load_vocab_map
 from specdraft.train.loop import Data, Trainer, fit
 from specdraft.train.objective import TTTObjective
 from specdraft.artifacts.layout import RunLayout
+from specdraft.artifacts.verifier_contract import run_verifier
 
 def verifier_profile(cfg: TrainConfig, verifier: Any, extract_manifest: Any) -> VerifierProfile:
-    """The verifier profile the drafter is shaped from: the one ``specdraft extract`` stored in
-    its manifest, else (online training, manifests from before profiles) resolved from the
+    """The verifier profile the drafter is shaped from: the run's
+    (:func:`specdraft.artifacts.verifier_contract.run_verifier`: ``RUN/verifier.json``, for a run
+    without one RUN/extract's; ``extract_manifest``'s when the contract holds none), else
+    (manifests from before profiles) resolved from the
     loaded verifier, or from the config of ``--verifier`` / the extract manifest's
     ``verifier.path``. :class:`ConfigError` when none is available or the config is not
     understood (:func:`specdraft.core.profile.resolve_profile`)."""
-    if extract_manifest is not None and extract_manifest.profile is not None:
-        return extract_manifest.profile
+    recorded = run_verifier(cfg.run_dir).profile or getattr(extract_manifest, "profile", None)
+    if recorded is not None:
+        return recorded
     if verifier is not None:
         return resolve_profile(verifier.config, model=verifier)
     recorded = extract_manifest.verifier if extract_manifest is not None else {}
@@ -62,7 +68,7 @@ def verifier_head(verifier: Any, run_dir: Path) -> dict[str, torch.Tensor]:
     and export would refuse the drafter)."""
     from specdraft.artifacts.hidden_states import HEAD_FILE, load_verifier_head
 
-    extract = stage_dir(run_dir, "extract")
+    extract = RunLayout(run_dir).extract
     if verifier is None or (extract / HEAD_FILE).exists():
         return load_verifier_head(extract)
     return {"lm_head.weight": verifier.get_output_embeddings().weight.detach(),
@@ -76,8 +82,8 @@ def open_source(cfg: TrainConfig, verifier: Any, env: StageContext) -> tuple[Any
 
     if not cfg.online:
         require_stage(cfg.run_dir, "extract")
-        return src.DiskSource(stage_dir(cfg.run_dir, "extract")), verifier, \
-            {"extract": input_hash(stage_dir(cfg.run_dir, "extract"))}
+        return src.DiskSource(RunLayout(cfg.run_dir).extract), verifier, \
+            {"extract": input_hash(RunLayout(cfg.run_dir).extract)}
     import datasets
 
     from specdraft.core.verifier import load_verifier
@@ -94,15 +100,18 @@ def open_source(cfg: TrainConfig, verifier: Any, env: StageContext) -> tuple[Any
     aux = check_aux_ids(cfg.aux_layers, n) if cfg.aux_layers else default_aux_ids(n)
     dataset = datasets.load_from_disk(str(RunLayout(cfg.run_dir).dataset))
     return src.OnlineSource(verifier, dataset, aux, device=env.device), verifier, \
-        {"prepare": input_hash(stage_dir(cfg.run_dir, "prepare"))}
+        {"prepare": input_hash(RunLayout(cfg.run_dir).prepare)}
 
 
 def verifier_identity(cfg: TrainConfig, extract_manifest: Any) -> dict[str, Any] | None:
-    """The identity of the verifier the drafter is trained on: the one ``specdraft extract``
-    recorded, else (online training) read from ``--verifier``'s files
-    (:func:`specdraft.core.verifier_identity.identify`); None when neither is available."""
-    if extract_manifest is not None:
-        return extract_manifest.verifier_identity
+    """The identity of the verifier the drafter is trained on: the run's
+    (:func:`specdraft.artifacts.verifier_contract.run_verifier`; ``extract_manifest``'s when the
+    contract holds none), else (online training) read
+    from ``--verifier``'s files (:func:`specdraft.core.verifier_identity.identify`); None when
+    neither is available."""
+    recorded = run_verifier(cfg.run_dir).identity
+    if recorded is not None or extract_manifest is not None:
+        return recorded or extract_manifest.verifier_identity
     if not cfg.verifier:
         return None
     from specdraft.core.verifier_identity import identify
@@ -180,7 +189,7 @@ def build_dflash_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any
     mask_id = cfg.dflash_mask_token_id if cfg.dflash_mask_token_id is not None \
         else profile.vocab_size - 1
     config = DFlashConfig.from_profile(
-        profile, target_layer_ids=[a - 1 for a in aux], mask_token_id=mask_id,
+        profile, target_layer_ids=hf_to_dflash_target_ids(aux), mask_token_id=mask_id,
         block_size=cfg.dflash_block_size, num_hidden_layers=cfg.dflash_layers,
         verifier_identity=identity)
     if source.hidden_size != config.target_hidden_size or \
@@ -226,7 +235,7 @@ def preflight_teacher(cfg: TrainConfig, verifier: Any, data: Data, env: StageCon
 
     if not cfg.teacher_check:
         return tc.TeacherReport("skipped", reason="--no-teacher-check").to_dict()
-    extract = load_stage_manifest(stage_dir(cfg.run_dir, "extract")) if not cfg.online else None
+    extract = load_stage_manifest(RunLayout(cfg.run_dir).extract) if not cfg.online else None
     codec = getattr(data.source, "codec", None)
     storage = extract.storage.format if extract is not None else getattr(codec, "name", "fp32")
     model, why = teacher_verifier(cfg, verifier, extract, env)
@@ -236,13 +245,13 @@ def preflight_teacher(cfg: TrainConfig, verifier: Any, data: Data, env: StageCon
     if env.is_main:
         print(f"train: {report.line()}", flush=True)
     if report.status == "failed":
-        raise InputError(tc.refusal(report, str(stage_dir(cfg.run_dir, "extract"))))
+        raise InputError(tc.refusal(report, str(RunLayout(cfg.run_dir).extract)))
     return report.to_dict()
 
 
 def run(config: TrainConfig, ctx: StageContext | None = None, *, verifier: Any = None,
-        source: Any = None) -> dict[str, Any]:
-    """Train a drafter; returns the manifest (on every rank; only rank 0 writes files).
+        source: Any = None) -> TrainManifest:
+    """Train a drafter; returns the manifest (typed, on every rank; only rank 0 writes files).
 
     ``ctx``: this process, from a caller that started the process group itself (else
     :func:`specdraft.core.context.stage_context` reads torchrun's environment and starts it).
@@ -262,13 +271,13 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
     if env.is_main:
         open_stage_dir(cfg.run_dir, "train", resume=cfg.resume, overwrite=cfg.overwrite)
     barrier(env)
-    out = stage_dir(cfg.run_dir, "train")
+    out = RunLayout(cfg.run_dir).train
     d2t, t2d = load_vocab_map(cfg.run_dir)
-    inputs = {"vocab": input_hash(stage_dir(cfg.run_dir, "vocab"))}
+    inputs = {"vocab": input_hash(RunLayout(cfg.run_dir).vocab)}
     if source is None:
         source, verifier, more = open_source(cfg, verifier, env)
         inputs.update(more)
-    extract_dir = stage_dir(cfg.run_dir, "extract")
+    extract_dir = RunLayout(cfg.run_dir).extract
     from specdraft.core.manifest import load_stage_manifest
 
     extract_manifest = None if cfg.online else load_stage_manifest(extract_dir)
@@ -298,9 +307,11 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
     extra = {**figures, "world_size": env.world_size, "parallel": cfg.parallel,
              "device": str(env.device), "drafter_config": drafter.config.to_dict(),
              "aux_convention": AUX_CONVENTION, "teacher_check": teacher}
-    manifest = {"counts": counts, **extra}
     if env.is_main:
         manifest = write_manifest(out, stage="train", config=cfg, clock=clock, inputs=inputs,
                                   counts=counts, extra=extra)
+    else:  # the manifest rank 0 writes, unwritten
+        manifest = parse_manifest(build_manifest(stage="train", config=cfg, clock=clock,
+                                                 inputs=inputs, counts=counts, extra=extra), out)
     barrier(env)
     return manifest

@@ -4,14 +4,14 @@ vocabulary, write ``RUN/vocab/vocab_map.safetensors`` (``d2t`` int64 [K], ``t2d`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from specdraft.artifacts.vocab_map import VOCAB_FILE, save_vocab_map
 from specdraft.core.context import StageContext, single_process
-from specdraft.core.manifest import PrepareManifest, StageClock, input_hash, write_manifest
-from specdraft.core.rundir import open_stage_dir, require_stage, stage_dir
+from specdraft.core.manifest import PrepareManifest, StageClock, VocabManifest, input_hash, \
+    write_manifest
+from specdraft.core.rundir import open_stage_dir, require_stage
 from specdraft.vocab import mapping
 from specdraft.vocab.config import VocabConfig
 from specdraft.artifacts.layout import RunLayout
@@ -57,8 +57,8 @@ def token_strings(prepare_manifest: PrepareManifest, ids: list[int]) -> list[str
         return [None] * len(ids)
 
 
-def run(config: VocabConfig, ctx: StageContext | None = None) -> dict[str, Any]:
-    """Run the vocab stage; return its manifest. Raises StageDirError when prepare has not
+def run(config: VocabConfig, ctx: StageContext | None = None) -> VocabManifest:
+    """Run the vocab stage; return its manifest (typed). Raises StageDirError when prepare has not
     completed, ValueError for ids outside the vocabulary or too many forced ids.
 
     ``ctx``: this process (:mod:`specdraft.core.context`), else read from the environment; the
@@ -67,7 +67,7 @@ def run(config: VocabConfig, ctx: StageContext | None = None) -> dict[str, Any]:
     single_process(STAGE, ctx, "cpu")
     out = open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
     prep = require_stage(config.run_dir, "prepare")
-    prep_dir = stage_dir(config.run_dir, "prepare")
+    prep_dir = RunLayout(config.run_dir).prepare
     v = int(config.verifier_vocab_size or prep.verifier_vocab_size)
     counts = supervised_counts(RunLayout(config.run_dir).dataset, v)                # [V]
     forced = forced_ids(prep, config.include_byte_fallback)
