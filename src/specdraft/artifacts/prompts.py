@@ -122,7 +122,7 @@ def iter_rows(path: str | Path, *, flag: str = "--prompts"
     write a Hugging Face dataset name to a file."""
     path = resolve_path(path)
     if not path.exists():
-        raise InputError(_missing(path, flag))
+        raise InputError(missing_message(path, flag))
     if path.is_dir():
         yield from _dataset_rows(path, flag)
         return
@@ -139,7 +139,9 @@ def iter_rows(path: str | Path, *, flag: str = "--prompts"
             yield f"{path}:{lineno}", row
 
 
-def _missing(path: Path, flag: str) -> str:
+def missing_message(path: Path, flag: str) -> str:
+    """What to say of a ``flag`` path that does not exist: a name like ``org/dataset`` gets the
+    recipe to write a Hugging Face dataset to a file (specdraft reads files, never the hub)."""
     text = str(path)
     if _HUB_NAME.match(text) and not text.startswith(PREFIX) and not Path(text).suffix:
         return (f"{flag} {text}: no such file or directory; a Hugging Face dataset name is not "
@@ -268,8 +270,17 @@ def _message_list(value: Any, where: str, column: str) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise RowRejected("bad_record", where, f"{column!r} must be a non-empty list of "
                                                f"messages")
-    return [_sharegpt_message(m, i, where) if isinstance(m, dict) and "from" in m
-            else _openai_message(m, i, where) for i, m in enumerate(value)]
+    return [_sharegpt_message(_present(m), i, where)
+            if isinstance(m, dict) and m.get("from") is not None
+            else _openai_message(_present(m), i, where) for i, m in enumerate(value)]
+
+
+def _present(m: Any) -> Any:
+    """A message without its null keys: Parquet and ``datasets`` store a list of messages as
+    one struct type, so a ShareGPT message read beside OpenAI ones carries ``role: None``."""
+    if isinstance(m, dict) and "from" in m and "role" in m:
+        return {k: v for k, v in m.items() if v is not None}
+    return m
 
 
 def _alpaca(row: dict[str, Any], fields: dict[str, str], where: str) -> list[dict[str, Any]]:
@@ -291,7 +302,7 @@ def _shape(row: dict[str, Any], fields: dict[str, str], where: str
     """``(shape, messages)`` of the first shape whose field is present in ``row``."""
     for shape in SHAPES:
         column = fields[shape]
-        if column not in row:
+        if row.get(column) is None:  # absent, or null in a column other rows fill (Parquet)
             continue
         if shape in ("messages", "conversations"):
             return shape, _message_list(row[column], where, column)

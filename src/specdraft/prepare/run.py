@@ -31,6 +31,7 @@ from specdraft.prepare.turns import Rules, Turn, TurnRejected, check_token_ids, 
 from specdraft.prepare.writer import DatasetWriter
 from specdraft.artifacts import verifier_contract
 from specdraft.artifacts.prompts import REASONS as PROMPT_REASONS
+from specdraft.artifacts.prompts import missing_message
 from specdraft.artifacts.layout import RunLayout
 from specdraft.artifacts.verifier_contract import VerifierContract
 
@@ -84,7 +85,7 @@ def input_files(config: PrepareConfig) -> tuple[Path, dict[str, str]]:
     if config.data is not None:
         path = Path(config.data)
         if not path.exists():
-            raise ConfigError(f"--data {path}: not found")
+            raise ConfigError(missing_message(path, "--data"))
         return path, {"data": path_sha256(path)}
     require_stage(config.run_dir, "generate")
     gen = stage_dir(config.run_dir, "generate")
