@@ -280,3 +280,16 @@ def test_field_maps_alpaca_columns(tmp_path, cli, server, prepare):
     assert _generate(cli, server, tmp_path / "g", path, *maps).code == 0
     assert _sent(server.chat_bodies[before:]) == [[("user", "Sum 1 and 2.\n\nBe exact.")]]
     assert prepare(tmp_path / "p", path, *maps).code == 0
+
+
+def test_resume_does_not_count_bad_rows_twice(tmp_path, cli, server):
+    path = _bad_file(tmp_path)
+    assert _generate(cli, server, tmp_path / "run", path).code == 0
+    rejects = (tmp_path / "run/generate/rejects.jsonl").read_text()
+    before = len(server.chat_bodies)
+    res = _generate(cli, server, tmp_path / "run", path, "--resume")
+    assert res.code == 0, res.err
+    assert (tmp_path / "run/generate/rejects.jsonl").read_text() == rejects
+    assert len(server.chat_bodies) == before  # every good row was done
+    man = json.loads((tmp_path / "run/generate/manifest.json").read_text())
+    assert man["counts"]["rejected"] == {reason: 1 for *_, reason, _ in BAD}
