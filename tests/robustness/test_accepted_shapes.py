@@ -10,9 +10,11 @@ parts for a string-content template), ``null`` content on an assistant message w
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from specdraft.artifacts.prompts import RowRejected, parse_row
+from specdraft.artifacts.prompts import parse_row, read_prompts
 
 FIELDS = {k: k for k in ("messages", "conversations", "turns", "question", "prompt", "id",
                          "system")}
@@ -76,11 +78,15 @@ TOOL_ROWS = [
 
 
 @pytest.mark.parametrize("case,row,detail", TOOL_ROWS, ids=[c[0] for c in TOOL_ROWS])
-def test_prompt_with_tool_turns_is_rejected(case, row, detail):
-    with pytest.raises(RowRejected) as info:
-        _prompt(row)
-    assert info.value.reason == "tool_calls_unsupported" and detail in str(info.value)
-    assert str(info.value).startswith("f.jsonl:1: ")
+def test_prompt_with_tool_turns_is_rejected(case, row, detail, tmp_path):
+    path = tmp_path / "f.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    read = read_prompts(path, fields=FIELDS, sampling={}, chat_template_kwargs={})
+    (err,) = read.rejected
+    assert read.prompts == [] and err.reason == "tool_calls_unsupported"
+    assert str(err).startswith(f"{path}:1: ") and detail in str(err)
+    # eval measures the first user turn only, before any tool turn: it reads the row
+    assert _prompt(row)[1][0] in ("Add 2 and 2.", "Add.")
 
 
 def test_text_parts_hash_like_the_joined_string():

@@ -449,11 +449,13 @@ def uses_tools(conv: Conversation) -> str | None:
 
 
 def prompt_of(conv: Conversation, *, sampling: dict[str, Any],
-              chat_template_kwargs: dict[str, Any]) -> Prompt:
+              chat_template_kwargs: dict[str, Any], reject_tools: bool = True) -> Prompt:
     """The prompt generate answers: the system message and the user turns (the data's answers
     are regenerated). A conversation with tool calling raises :class:`RowRejected`
-    ``tool_calls_unsupported``: dropping its tool turns would change what the user asked."""
-    tools = uses_tools(conv)
+    ``tool_calls_unsupported`` (dropping its tool turns would change what later turns ask)
+    unless ``reject_tools`` is false: eval, which measures the first user turn only, where no
+    tool turn has happened yet."""
+    tools = uses_tools(conv) if reject_tools else None
     if tools:
         raise RowRejected("tool_calls_unsupported", conv.where,
                           f"{tools}; generate does not send tools yet, and dropping tool turns "
@@ -477,15 +479,17 @@ def sample_id(system: str | None, turns: list[str] | tuple[str, ...],
 
 def parse_row(row: dict[str, Any], where: str, *, fields: dict[str, str],
               sampling: dict[str, Any], chat_template_kwargs: dict[str, Any],
-              system_prompt: str | None = None) -> Prompt:
+              system_prompt: str | None = None, reject_tools: bool = False) -> Prompt:
     """Normalize one input row into a :class:`Prompt` (:func:`read_conversation`, then
     :func:`prompt_of`); raises :class:`RowRejected` naming ``where`` when it is bad.
 
-    ``system_prompt`` is used when the row carries no system message of its own.
+    ``system_prompt`` is used when the row carries no system message of its own;
+    ``reject_tools``: see :func:`prompt_of` (generate's :func:`read_prompts` sets it).
     """
     conv = read_conversation(row, where, fields={**DEFAULT_FIELDS, **fields},
                              system_prompt=system_prompt)
-    return prompt_of(conv, sampling=sampling, chat_template_kwargs=chat_template_kwargs)
+    return prompt_of(conv, sampling=sampling, chat_template_kwargs=chat_template_kwargs,
+                     reject_tools=reject_tools)
 
 
 @dataclass
@@ -503,14 +507,14 @@ def read_prompts(path: str | Path, **kwargs: Any) -> PromptFile:
     """All prompts of ``path``. Bad rows are returned in ``rejected`` (the run counts them);
     hashed ids that repeat are the same conversation and are returned in ``duplicates``; a
     *given* id that repeats for another prompt is rejected as ``duplicate_id`` naming both
-    places. A file without any row is an :class:`InputError`. ``kwargs`` go to
-    :func:`parse_row`."""
+    places; a conversation with tool calling is rejected (``tool_calls_unsupported``). A file
+    without any row is an :class:`InputError`. ``kwargs`` go to :func:`parse_row`."""
     seen: dict[str, Prompt] = {}
     out = PromptFile([], [], [], 0)
     for where, row in iter_rows(path):
         out.rows += 1
         try:
-            p = parse_row(row, where, **kwargs)
+            p = parse_row(row, where, **kwargs, reject_tools=True)
         except RowRejected as err:
             err.sample_id = row_id(row, kwargs.get("fields") or DEFAULT_FIELDS, where)
             out.rejected.append(err)
