@@ -256,7 +256,8 @@ def _sharegpt_message(m: dict[str, Any], i: int, where: str) -> dict[str, Any]:
         try:
             call = parse_json(value or "")
         except ValueError:
-            call = None
+            raise RowRejected("bad_record", where, f"message {i} function_call value is not "
+                                                   f"JSON") from None
         if not isinstance(call, dict):
             raise RowRejected("bad_record", where, f"message {i} function_call value is not a "
                                                    f"JSON object")

@@ -208,9 +208,11 @@ class Screen:
         ``--max-reject-fraction``. ``count(prompt)``: its tokens (None: unknown)."""
         self.facts = {"context_tokens": context, **facts}
         if context is None and todo:
-            _say(self.stream, "generate: the verifier's context length is unknown (the server "
-                              "lists no max_model_len; pass --verifier); over-long prompts are "
-                              "not screened")
+            why = ("the server lists no max_model_len; pass --verifier"
+                   if self.config.backend == "openai" else
+                   "its config has no max_position_embeddings")
+            _say(self.stream, f"generate: the verifier's context length is unknown ({why}); "
+                              f"over-long prompts are not screened")
 
         def reject(p: Prompt, detail: str) -> None:
             self.sink.rejects.add(p.id, "too_long", detail, source=p.source)
@@ -245,9 +247,10 @@ def run(config: GenerateConfig, ctx: StageContext | None = None, *, verifier: An
     progress lines and summary (default stderr).
 
     Raises :class:`~specdraft.core.errors.StageDirError` on non-empty output without
-    ``--resume``/``--overwrite``, :class:`~specdraft.core.errors.InputError` on a bad prompt
-    row, :class:`ConfigError` on a missing API key variable. ``KeyboardInterrupt`` propagates
-    after every finished sample has been written (the state is resumable).
+    ``--resume``/``--overwrite``, :class:`~specdraft.core.errors.InputError` on an unreadable
+    prompt file or an input mostly rejected (``--max-reject-fraction``; bad rows are
+    rejects), :class:`ConfigError` on a missing API key variable. ``KeyboardInterrupt``
+    propagates after every finished sample has been written (the state is resumable).
     """
     clock = StageClock()
     ctx = single_process(STAGE, ctx, getattr(config, "device", None))
