@@ -63,11 +63,9 @@ COUNTED = [
 
 
 @pytest.fixture
-def prepare(cli, smollm2_tokenizer_dir):
-    def go(run_dir, data, *extra):
-        return cli("prepare", "--run-dir", run_dir, "--tokenizer", smollm2_tokenizer_dir,
-                   "--data", data, "--max-seq-len", "64", *extra)
-    return go
+def prepare(prepare_cli):
+    return lambda run_dir, data, *extra: prepare_cli(run_dir, data, "--max-seq-len", "64",
+                                                     *extra)
 
 
 def _write(tmp_path, name, content):

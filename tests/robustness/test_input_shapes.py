@@ -123,11 +123,9 @@ def test_generate_reads_every_shape_from_every_container(tmp_path, cli, server, 
 
 
 @pytest.fixture
-def prepare(cli, smollm2_tokenizer_dir):
-    def go(run_dir, data, *extra):
-        return cli("prepare", "--run-dir", run_dir, "--tokenizer", smollm2_tokenizer_dir,
-                   "--data", data, "--max-seq-len", "256", *extra)
-    return go
+def prepare(prepare_cli):
+    return lambda run_dir, data, *extra: prepare_cli(run_dir, data, "--max-seq-len", "256",
+                                                     *extra)
 
 
 @pytest.mark.parametrize("kind", CONTAINERS)
