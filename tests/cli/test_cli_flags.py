@@ -32,6 +32,8 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
     ("generate", "backend"): (["--backend", "openai", "--endpoint", "http://a:1/v1"], "openai"),
     ("generate", "fields"): (["--field", "question=problem", "--fields", "id=uid"],
                              {"question": "problem", "id": "uid"}),
+    ("prepare", "fields"): (["--field", "instruction=task", "--fields", "output=answer"],
+                            {"instruction": "task", "output": "answer"}),
     ("generate", "extra_body"): (["--extra-body", '{"top_k": 20}'], {"top_k": 20}),
     ("generate", "chat_template_kwargs"): (["--chat-template-kwargs",
                                             '{"enable_thinking": false}'],

@@ -1,6 +1,7 @@
 """Prompt files: every accepted shape, field mapping, stable ids, clear errors."""
 
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,7 +30,8 @@ def test_all_shapes(tmp_path):
         {"question": "q", "answer": "ignored"},
         {"prompt": "p", "id": "given"},
     ]
-    prompts, dups = read_prompts(_jsonl(tmp_path / "p.jsonl", rows), **KW)
+    read = read_prompts(_jsonl(tmp_path / "p.jsonl", rows), **KW)
+    prompts, dups = read.prompts, read.duplicates
     got = [(p.system, p.turns) for p in prompts]
     assert got == [("S", ("u1", "u2")), (None, ("h1",)), (None, ("t1", "t2")),
                    (None, ("q",)), (None, ("p",))]
@@ -50,7 +52,7 @@ def test_field_mapping_and_parquet(tmp_path):
     path = tmp_path / "p.parquet"
     pq.write_table(pa.table({"problem": ["x", "y"], "uid": ["a", "b"]}), path)
     kw = {**KW, "fields": {**KW["fields"], "question": "problem", "id": "uid"}}
-    prompts, _ = read_prompts(path, **kw)
+    prompts = read_prompts(path, **kw).prompts
     assert [(p.id, p.turns, p.source) for p in prompts] == [
         ("a", ("x",), f"{path}[row 1]"), ("b", ("y",), f"{path}[row 2]")]
 
@@ -58,33 +60,41 @@ def test_field_mapping_and_parquet(tmp_path):
 def test_json_list(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}]))
-    assert [p.turns for p in read_prompts(path, **KW)[0]] == [("a",), ("b",)]
+    assert [p.turns for p in read_prompts(path, **KW).prompts] == [("a",), ("b",)]
 
 
 def test_duplicates_are_returned_not_dropped(tmp_path):
-    prompts, dups = read_prompts(_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"},
-                                                                {"prompt": "a"}]), **KW)
+    read = read_prompts(_jsonl(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"},
+                                                       {"prompt": "a"}]), **KW)
+    prompts, dups = read.prompts, read.duplicates
     assert [p.turns for p in prompts] == [("a",), ("b",)]
     assert [(d.id, d.source) for d in dups] == [(prompts[0].id, f"{tmp_path / 'p.jsonl'}:3")]
 
 
-@pytest.mark.parametrize("row,msg", [
-    ({"text": "x"}, r"p.jsonl:2: none of the prompt fields"),
-    ({"conversations": [{"from": "robot", "value": "x"}]}, r"p.jsonl:2: .*unsupported role"),
-    ({"turns": []}, r"p.jsonl:2: 'turns' must be a non-empty list"),
-    ({"question": 5}, r"p.jsonl:2: 'question' must be a string"),
-    ({"prompt": "  "}, r"p.jsonl:2: empty user turn"),
+@pytest.mark.parametrize("row,reason,msg", [
+    ({"text": "x"}, "bad_record", r"p.jsonl:2: no prompt field; map one with --field KIND=COLUMN"),
+    ({"conversations": [{"from": "robot", "value": "x"}]}, "bad_record",
+     r"p.jsonl:2: .*unknown ShareGPT role 'robot'"),
+    ({"turns": []}, "bad_record", r"p.jsonl:2: 'turns' must be a non-empty list"),
+    ({"question": 5}, "bad_record", r"p.jsonl:2: 'question' must be a string"),
+    ({"prompt": "  "}, "empty_turn", r"p.jsonl:2: message 0: empty user turn"),
 ])
-def test_bad_rows_name_file_and_line(tmp_path, row, msg):
+def test_bad_rows_are_returned_with_reason_and_line(tmp_path, row, reason, msg):
     path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, row])
+    read = read_prompts(path, **KW)
+    assert [p.turns for p in read.prompts] == [("ok",)] and read.rows == 2
+    assert [e.reason for e in read.rejected] == [reason]
     with pytest.raises(InputError, match=msg):
-        read_prompts(path, **KW)
+        raise read.rejected[0]
 
 
-def test_given_id_reused_for_other_prompt_is_an_error(tmp_path):
+def test_given_id_reused_for_other_prompt_is_a_reject(tmp_path):
     path = _jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}])
-    with pytest.raises(InputError, match=r"p.jsonl:2: id 'a' already used at .*p.jsonl:1"):
-        read_prompts(path, **KW)
+    read = read_prompts(path, **KW)
+    assert [p.turns for p in read.prompts] == [("x",)]
+    (err,) = read.rejected
+    assert (err.reason, err.sample_id) == ("duplicate_id", "a")
+    assert re.search(r"p.jsonl:2: id 'a' already used at .*p.jsonl:1", str(err))
 
 
 @pytest.mark.parametrize("values,msg", [

@@ -53,3 +53,13 @@ def cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return invoke
+
+
+@pytest.fixture
+def prepare_cli(cli, smollm2_tokenizer_dir):
+    """``prepare_cli(run_dir, data, *args) -> CliResult``: ``specdraft prepare --data`` with the
+    SmolLM2 tokenizer."""
+    def go(run_dir, data, *args):
+        return cli("prepare", "--run-dir", run_dir, "--tokenizer", smollm2_tokenizer_dir,
+                   "--data", data, *args)
+    return go

@@ -10,9 +10,11 @@ parts for a string-content template), ``null`` content on an assistant message w
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from specdraft.artifacts.prompts import parse_row
+from specdraft.artifacts.prompts import parse_row, read_prompts
 
 FIELDS = {k: k for k in ("messages", "conversations", "turns", "question", "prompt", "id",
                          "system")}
@@ -41,32 +43,50 @@ PROMPTS = [
     ("name_fields", {"messages": [{"role": "system", "content": "S", "name": "ops"},
                                   {"role": "user", "content": "Hi", "name": "alice"}]},
      ("S", ("Hi",))),
-    ("tool_call_round_trip", {"messages": [
-        {"role": "user", "content": "Add 2 and 2."},
-        {"role": "assistant", "content": None, "tool_calls": [CALL]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "4"},
-        {"role": "assistant", "content": "It is 4."},
-        {"role": "user", "content": "Thanks"}]},
-     (None, ("Add 2 and 2.", "Thanks"))),
-    ("legacy_function_role", {"messages": [
-        {"role": "user", "content": "Add."},
-        {"role": "assistant", "content": None, "function_call": CALL["function"]},
-        {"role": "function", "name": "add", "content": "4"}]}, (None, ("Add.",))),
     ("sharegpt", {"conversations": [{"from": "system", "value": "Be brief."},
                                     {"from": "human", "value": "2+2?"},
                                     {"from": "gpt", "value": "4"},
                                     {"from": "human", "value": "3+3?"}]},
      ("Be brief.", ("2+2?", "3+3?"))),
-    ("sharegpt_tools", {"conversations": [
-        {"from": "human", "value": "Add."}, {"from": "function_call", "value": "{}"},
-        {"from": "observation", "value": "4"}, {"from": "gpt", "value": "4"}]},
-     (None, ("Add.",))),
 ]
 
 
 @pytest.mark.parametrize("case,row,want", PROMPTS, ids=[c[0] for c in PROMPTS])
 def test_prompt_shapes_are_read(case, row, want):
     assert _prompt(row) == want
+
+
+# conversations with tool calling: generate cannot regenerate them without the tool results
+# (the tool-calling work sends tools later): a counted reject, never silently flattened
+TOOL_ROWS = [
+    ("tool_call_round_trip", {"messages": [
+        {"role": "user", "content": "Add 2 and 2."},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "4"},
+        {"role": "assistant", "content": "It is 4."},
+        {"role": "user", "content": "Thanks"}]},
+     "message 1 is a tool call"),
+    ("legacy_function_role", {"messages": [
+        {"role": "user", "content": "Add."},
+        {"role": "assistant", "content": None, "function_call": CALL["function"]},
+        {"role": "function", "name": "add", "content": "4"}]}, "message 1 is a tool call"),
+    ("sharegpt_tools", {"conversations": [
+        {"from": "human", "value": "Add."}, {"from": "function_call", "value": "{}"},
+        {"from": "observation", "value": "4"}, {"from": "gpt", "value": "4"}]},
+     "message 1 is a tool call"),
+]
+
+
+@pytest.mark.parametrize("case,row,detail", TOOL_ROWS, ids=[c[0] for c in TOOL_ROWS])
+def test_prompt_with_tool_turns_is_rejected(case, row, detail, tmp_path):
+    path = tmp_path / "f.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    read = read_prompts(path, fields=FIELDS, sampling={}, chat_template_kwargs={})
+    (err,) = read.rejected
+    assert read.prompts == [] and err.reason == "tool_calls_unsupported"
+    assert str(err).startswith(f"{path}:1: ") and detail in str(err)
+    # eval measures the first user turn only, before any tool turn: it reads the row
+    assert _prompt(row)[1][0] in ("Add 2 and 2.", "Add.")
 
 
 def test_text_parts_hash_like_the_joined_string():
@@ -125,7 +145,8 @@ def test_conversation_names_developer_and_tool_calls_are_read(encode):
         {"role": "assistant", "content": None, "tool_calls": [CALL]},
         {"role": "tool", "tool_call_id": "call_1", "content": "4"},
         {"role": "assistant", "content": "It is 4."}]})
-    # both assistant turns are rows (SmolLM2's template does not render tool_calls, so the
-    # first supervises only its end-of-turn token); none is rejected
-    assert rejected == [] and len(rows) == 2
-    assert [sum(mask) for _, mask in rows][0] == 1
+    # SmolLM2's template does not render tool_calls: the call turn would supervise only its
+    # end-of-turn token, so it is a counted reject; the answer after the tool result is a row
+    assert [r for r, _ in rejected] == ["tool_calls_unsupported"] and len(rows) == 1
+    assert "does not render its tool call 'add'" in rejected[0][1]
+    assert sum(rows[0][1]) > 1

@@ -31,7 +31,7 @@ REFUSED = [
     ("empty_file", "c.jsonl", [], ["no row was produced", "c.jsonl", "no input turns"]),
     ("json_invalid_utf8", "c.json", b'[\n{"id": "\xfe"}]', ["c.json:2", "not UTF-8"]),
     ("json_not_json", "c.json", b'[{"id": 1},\n', ["c.json:2", "not valid JSON"]),
-    ("json_item_not_object", "c.json", b'[1]', ["c.json[0]", "expected a JSON object"]),
+    ("json_item_not_object", "c.json", b'[1]', ["c.json[item 1]", "expected an object"]),
     ("json_not_a_list", "c.json", b'{"messages": []}', ["c.json", "expected a JSON list"]),
     ("missing_file", "absent.jsonl", None, ["--data", "absent.jsonl", "not found"]),
 ]
@@ -49,7 +49,7 @@ COUNTED = [
     ("unknown_sharegpt_role", {"id": "b", "conversations": [{"from": "alien", "value": "x"}]},
      "bad_record", "unknown ShareGPT role 'alien'"),
     ("messages_not_list", {"id": "b", "messages": "hi"}, "bad_record",
-     "no 'messages' or 'conversations' list"),
+     "'messages' must be a non-empty list of messages"),
     ("turns_not_list", {"id": "b", **{k: GOOD[k] for k in ("messages",)}, "turns": 3},
      "bad_record", "'turns' must be a list"),
     ("id_is_object", {"id": {"a": 1}, "messages": GOOD["messages"]}, "bad_record",
@@ -63,11 +63,9 @@ COUNTED = [
 
 
 @pytest.fixture
-def prepare(cli, smollm2_tokenizer_dir):
-    def go(run_dir, data, *extra):
-        return cli("prepare", "--run-dir", run_dir, "--tokenizer", smollm2_tokenizer_dir,
-                   "--data", data, "--max-seq-len", "64", *extra)
-    return go
+def prepare(prepare_cli):
+    return lambda run_dir, data, *extra: prepare_cli(run_dir, data, "--max-seq-len", "64",
+                                                     *extra)
 
 
 def _write(tmp_path, name, content):
@@ -156,15 +154,20 @@ def test_inline_think_counts_as_reasoning(tmp_path, prepare, smollm2_tokenizer_d
 
 def test_no_row_error_names_the_rejects_at_their_final_name(tmp_path, prepare):
     """Every record rejected: the error names RUN/prepare/rejects.jsonl, which holds them (no
-    temporary name is left), the stage stays incomplete, and --overwrite starts over."""
+    temporary name is left), the stage stays incomplete, and the plain rerun the advice names
+    (after fixing the data, no flag) replaces it."""
     bad = {"id": "b", "messages": [{"role": "wizard", "content": "x"}]}
     run_dir = tmp_path / "run"
     err = prepare(run_dir, write_lines(tmp_path / "c.jsonl", [bad, {**bad, "id": "c"}])).error
     final = run_dir / "prepare" / "rejects.jsonl"
-    assert f"details in {final};" in err and "--overwrite" in err, err
+    assert f"details in {final};" in err and "fix the data and rerun (the incomplete" in err, err
+    assert "--overwrite" not in err, err
     assert [json.loads(x)["id"] for x in final.read_text().splitlines()] == ["b", "c"]
     assert not list((run_dir / "prepare").glob("*.tmp-*"))
     assert not (run_dir / "prepare" / "manifest.json").exists()
-    ok = prepare(run_dir, write_lines(tmp_path / "good.jsonl", [GOOD]), "--overwrite")
+    ok = prepare(run_dir, write_lines(tmp_path / "good.jsonl", [GOOD]))
     assert ok.code == 0, ok.err
     assert final.read_text() == ""
+    # a complete stage is still protected: the same plain rerun is refused now
+    again = prepare(run_dir, write_lines(tmp_path / "good.jsonl", [GOOD]))
+    assert "already holds complete output" in again.error

@@ -58,9 +58,9 @@ EXPECTED_REJECTS = {
 
 
 def test_conversation_corpus(tmp_path, cli, smollm2_tokenizer_dir):
-    def prepare(run_dir, data):
+    def prepare(run_dir, data):  # a corpus of bad records: each one counted, no stop
         return cli("prepare", "--run-dir", run_dir, "--tokenizer", smollm2_tokenizer_dir,
-                   "--data", data, "--max-seq-len", "64")
+                   "--data", data, "--max-seq-len", "64", "--max-reject-fraction", "1")
 
     deep = CORPUS / "conversations" / "deep_nesting.jsonl"
     err = prepare(tmp_path / "a", deep).error
@@ -74,11 +74,13 @@ def test_conversation_corpus(tmp_path, cli, smollm2_tokenizer_dir):
                .splitlines()]
     got = {r["id"].split("/")[0]: r for r in rejects}
     assert set(got) == set(EXPECTED_REJECTS), got
+    reason = {rid: "unsupported_content" if rid == "image_part" else "bad_record"
+              for rid in EXPECTED_REJECTS}
     for rid, detail in EXPECTED_REJECTS.items():
-        assert got[rid]["reason"] == "bad_record" and detail in got[rid]["detail"], got[rid]
+        assert got[rid]["reason"] == reason[rid] and detail in got[rid]["detail"], got[rid]
     man = json.loads((tmp_path / "b/prepare/manifest.json").read_text())
     assert man["counts"]["out"] == 1 and man["counts"]["rejected"] == {
-        "bad_record": len(EXPECTED_REJECTS)}
+        "bad_record": len(EXPECTED_REJECTS) - 1, "unsupported_content": 1}
 
 
 YAML_NEEDLES = {

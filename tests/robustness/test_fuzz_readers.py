@@ -68,10 +68,10 @@ def test_prompt_files(tmp_path_factory, data, suffix):
     path = _write(tmp_path_factory.mktemp("p"), f"p{suffix}", data)
     got = _clear_or_named(lambda: read_prompts(path, fields=FIELDS, sampling={},
                                                chat_template_kwargs={}), path)
-    if got is not None:
-        unique, _ = got
-        assert unique and all(p.turns and all(isinstance(t, str) for t in p.turns)
-                              for p in unique)
+    if got is not None:  # every row is a prompt, a repeat or a counted reject with a reason
+        assert got.rows == len(got.prompts) + len(got.duplicates) + len(got.rejected) > 0
+        assert all(p.turns and all(isinstance(t, str) for t in p.turns) for p in got.prompts)
+        assert all(e.reason and path.name in str(e) for e in got.rejected)
 
 
 @examples(80)

@@ -18,18 +18,18 @@ REFUSED = [
     ("truncated_last_line", "p.jsonl", [Q1, '{"question": "Name a col'],
      ["p.jsonl:2", "not valid JSON"]),
     ("value_not_object", "p.jsonl", [[1, 2], Q1], ["p.jsonl:1", "expected a JSON object"]),
+    # a file of bad rows only: generate stops on --max-reject-fraction naming the first rows
+    # (eval refuses the first bad row)
     ("content_is_number", "p.jsonl", [{"messages": [{"role": "user", "content": 5}]}],
      ["p.jsonl:1", "must be a string or a list of text parts, got int"]),
     ("role_is_list", "p.jsonl", [{"messages": [{"role": ["user"], "content": "hi"}]}],
-     ["p.jsonl:1", "unsupported role"]),
+     ["p.jsonl:1", "'role' must be a string, got list"]),
     ("unknown_role", "p.jsonl", [{"messages": [{"role": "wizard", "content": "hi"}]}],
-     ["p.jsonl:1", "unsupported role 'wizard'"]),
+     ["p.jsonl:1", "unknown role 'wizard'"]),
     ("question_is_list", "p.jsonl", [{"question": ["a"]}], ["p.jsonl:1", "must be a string"]),
     ("empty_file", "p.jsonl", [], ["p.jsonl", "no prompt"]),
     ("blank_lines_only", "p.jsonl", ["", "  "], ["p.jsonl", "no prompt"]),
     ("no_prompt_field", "p.jsonl", [{"text": "hi"}], ["p.jsonl:1", "--field"]),
-    ("given_id_reused", "p.jsonl", [{"id": 7, **Q1}, {"id": 7, **Q2}],
-     ["p.jsonl:2", "id '7' already used at", "p.jsonl:1"]),
     ("json_invalid_utf8", "p.json", b'[{"question": "a"},\n {"question": "\xff"}]',
      ["p.json:2", "not UTF-8"]),
     ("json_not_json", "p.json", b'[{"question": "a"},\n {"question": ', ["p.json:2",
@@ -74,8 +74,7 @@ def test_generate_refuses_and_the_next_run_is_not_blocked(tmp_path, cli, server,
     assert len((run_dir / "generate" / "samples.jsonl").read_text().splitlines()) == 2
 
 
-# eval reads rows one by one (no ids across rows): every case but the id reuse applies
-EVAL_REFUSED = [c for c in REFUSED if c[0] != "given_id_reused"]
+EVAL_REFUSED = REFUSED
 
 
 @pytest.mark.parametrize("case,name,content,needles", EVAL_REFUSED,
@@ -109,6 +108,16 @@ def test_bom_and_crlf_read_like_the_plain_file(tmp_path, cli, server, variant):
             "\n") if x]
 
     assert ids(tmp_path / "b") == ids(tmp_path / "a") and len(ids(tmp_path / "a")) == 2
+
+
+def test_given_id_reused_is_a_counted_reject(tmp_path, cli, server):
+    path = write_lines(tmp_path / "p.jsonl", [{"id": 7, **Q1}, {"id": 7, **Q2}])
+    res = _generate(cli, server, tmp_path / "run", path)
+    assert res.code == 0, res.err
+    (rej,) = [json.loads(x) for x in (tmp_path / "run/generate/rejects.jsonl").read_text()
+              .splitlines()]
+    assert (rej["id"], rej["reason"], rej["source"]) == ("7", "duplicate_id", f"{path}:2")
+    assert f"already used at {path}:1" in rej["detail"]
 
 
 def test_repeated_rows_are_counted_rejects(tmp_path, cli, server):

@@ -9,22 +9,11 @@ from typing import TYPE_CHECKING
 import typer
 
 from specdraft.cli.options import echo_figures, stage_command
-from specdraft.core.errors import ConfigError
+from specdraft.artifacts.prompts import parse_field_pairs
 from specdraft.generate.config import GenerateConfig
 
 if TYPE_CHECKING:
     from specdraft.core.manifest import GenerateManifest
-
-
-def _field_pairs(items: list[str]) -> dict[str, str]:
-    """``["question=problem"]`` -> ``{"question": "problem"}`` (``--field``, repeatable)."""
-    out = {}
-    for item in items:
-        kind, sep, column = item.partition("=")
-        if not sep or not kind or not column:
-            raise ConfigError(f"--field {item!r}: expected KIND=COLUMN, e.g. question=problem")
-        out[kind] = column
-    return out
 
 
 def _run(cfg: GenerateConfig) -> GenerateManifest:
@@ -46,5 +35,5 @@ def _echo(manifest: GenerateManifest, cfg: GenerateConfig) -> None:
 
 command = stage_command(
     GenerateConfig, verb="generate", run=_run, echo=_echo,
-    names={"fields": ("--field", "--fields")}, parsers={"fields": _field_pairs},
+    names={"fields": ("--field", "--fields")}, parsers={"fields": parse_field_pairs},
     help="Answer every prompt with the verifier: RUN/generate/samples.jsonl + rejects.jsonl.")

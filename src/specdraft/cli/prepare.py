@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from specdraft.artifacts.prompts import parse_field_pairs
 from specdraft.cli.options import echo_figures, stage_command
 from specdraft.prepare.config import PrepareConfig
 
@@ -26,4 +27,5 @@ def _echo(manifest: PrepareManifest, cfg: PrepareConfig) -> None:
 
 command = stage_command(
     PrepareConfig, verb="prepare", run="specdraft.prepare.run:run", echo=_echo,
+    names={"fields": ("--field", "--fields")}, parsers={"fields": parse_field_pairs},
     help="Tokenize every supervised assistant turn: RUN/prepare/dataset/ + rejects.jsonl.")

@@ -1,7 +1,9 @@
-"""Durable JSONL: batched, flushed and fsynced appends; torn-tail repair; line-numbered reads."""
+"""Durable JSONL: batched, flushed and fsynced appends; torn-tail repair; line-numbered reads
+(plain, gzip ``.gz`` or zstandard ``.zst``)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -120,19 +122,58 @@ def decode_line(raw: bytes, path: str | os.PathLike, lineno: int) -> str:
                          f"{err.start + 1}); re-encode the file as UTF-8") from None
 
 
-def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, record)``; blank lines are skipped, a UTF-8 BOM and CRLF line ends
-    are accepted.
+#: Compressed file suffixes read transparently, and what decompresses them.
+COMPRESSED = (".gz", ".zst")
 
-    Raises :class:`InputError` naming ``path:line`` for a line that is not UTF-8 or not a JSON
-    object, and naming ``path`` when it cannot be opened.
+
+def open_binary(path: str | os.PathLike) -> io.BufferedIOBase:
+    """``path`` opened for binary reading, decompressed on the fly when its name ends in ``.gz``
+    (gzip, stdlib) or ``.zst`` (zstandard, the ``zstandard`` package), else as is.
+
+    Raises :class:`InputError` naming ``path`` when it cannot be opened.
     """
     try:
         f = open(path, "rb")
     except OSError as err:
         raise InputError(f"{path}: cannot be read ({err.strerror})") from None
+    suffix = Path(path).suffix.lower()
+    if suffix == ".gz":
+        import gzip
+
+        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    if suffix == ".zst":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor().stream_reader(f, closefd=True)
+        return io.BufferedReader(reader)  # type: ignore[arg-type]
+    return f
+
+
+def _compressed_lines(f: io.BufferedIOBase, path: str | os.PathLike) -> Iterator[bytes]:
+    """The lines of ``f``; a corrupt or truncated compressed stream is an :class:`InputError`
+    naming ``path`` (gzip raises ``OSError``/``EOFError``, zstandard ``ZstdError``)."""
+    it = iter(f)
+    while True:
+        try:
+            raw = next(it)
+        except StopIteration:
+            return
+        except Exception as err:  # gzip: OSError/EOFError; zstandard.ZstdError: Exception
+            raise InputError(f"{path}: not a readable compressed file "
+                             f"({type(err).__name__}: {_short(err)})") from None
+        yield raw
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, record)``; blank lines are skipped, a UTF-8 BOM and CRLF line ends
+    are accepted; ``.gz``/``.zst`` files are decompressed on the fly (:func:`open_binary`).
+
+    Raises :class:`InputError` naming ``path:line`` for a line that is not UTF-8 or not a JSON
+    object, and naming ``path`` when it cannot be opened or decompressed.
+    """
+    f = open_binary(path)
     with f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(_compressed_lines(f, path), 1):
             line = decode_line(raw, path, lineno)
             if not line.strip():
                 continue
@@ -153,7 +194,11 @@ def read_json(path: str | os.PathLike, *, what: str = "JSON file") -> Any:
     UTF-8 or is not valid JSON; ``what`` says which file it is (e.g. ``"drafter config.json"``).
     """
     try:
-        data = Path(path).read_bytes()
+        if Path(path).suffix.lower() in COMPRESSED:
+            with open_binary(path) as f:
+                data = b"".join(_compressed_lines(f, path))
+        else:
+            data = Path(path).read_bytes()
     except OSError as err:
         raise InputError(f"{path}: {what} cannot be read ({err.strerror})") from None
     if data.startswith(b"\xef\xbb\xbf"):
@@ -186,7 +231,7 @@ def read_model(path: str | os.PathLike, model: Any, *, what: str) -> Any:
                          f"({' '.join(str(err).split())[:300]})") from None
 
 
-def _short(err: ValueError) -> str:
+def _short(err: Exception) -> str:
     """A JSON error message without a huge echo of the input."""
     msg = str(err)
     return msg if len(msg) <= 200 else msg[:200] + "…"

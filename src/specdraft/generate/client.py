@@ -199,6 +199,46 @@ class OpenAIBackend:
             self._clients.put_nowait(client)
         raise AssertionError("unreachable")
 
+    async def context_length(self) -> int | None:
+        """The served model's context in tokens: ``max_model_len`` of its entry in ``GET
+        /v1/models`` (vLLM, SGLang say it), or None when no endpoint says."""
+        client = await self._acquire()
+        try:
+            for chat in self.urls:
+                try:
+                    resp = await client.get(chat.removesuffix("/chat/completions") + "/models")
+                    resp.raise_for_status()
+                    cards = resp.json()["data"]
+                    card = next((c for c in cards if c.get("id") == self.model), cards[0])
+                    value = card.get("max_model_len")
+                    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                        return value
+                except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError,
+                        AttributeError):
+                    continue
+        finally:
+            self._clients.put_nowait(client)
+        return None
+
+    async def count_prompt_tokens(self, messages: list[dict[str, Any]]) -> int | None:
+        """Tokens of ``messages`` rendered with the server's chat template and its generation
+        prompt, from the server's ``POST /tokenize`` (vLLM's and SGLang's tokenizer route at
+        the server root: ``{"model", "messages", "add_generation_prompt"}`` -> ``{"count"}``);
+        None when the server has no such route or does not answer it (nothing is generated)."""
+        body = {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        if isinstance(self.body_defaults.get("chat_template_kwargs"), dict):
+            body["chat_template_kwargs"] = self.body_defaults["chat_template_kwargs"]
+        client = await self._acquire()
+        try:
+            url = self.urls[0].removesuffix("/chat/completions").removesuffix("/v1")
+            resp = await client.post(url + "/tokenize", json=body)
+            count = resp.json().get("count") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            count = None
+        finally:
+            self._clients.put_nowait(client)
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
+
     def _pick(self, avoid: str | None = None) -> str:
         """The endpoint for the next attempt: among those up (not cooling down; all of them when
         none is), not ``avoid`` (the one that just failed) unless it is the only one, the one

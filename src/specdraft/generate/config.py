@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from specdraft.artifacts.prompts import DEFAULT_FIELDS
+from specdraft.artifacts.prompts import DEFAULT_FIELDS, FIELD_HELP, check_field_kinds
 from specdraft.core.chat import DEFAULT_THINK
 from specdraft.core.config import StageConfig
 
@@ -19,9 +19,10 @@ class GenerateConfig(StageConfig):
     ``endpoint`` (one or more base URLs) with at most ``concurrency`` in flight.
     """
 
-    prompts: str = Field(description="Prompt file (.jsonl, .json, .parquet: OpenAI messages, "
-                         "ShareGPT conversations, MT-bench turns, a question or a prompt), or "
-                         "builtin:NAME.")
+    prompts: str = Field(description="Prompt file (.jsonl, .jsonl.gz, .jsonl.zst, .json, "
+                         ".parquet) or save_to_disk dir, rows of any shape of --field: the "
+                         "system and user turns are kept, answers regenerated, rows with tool "
+                         "calls rejected (tool_calls_unsupported); or builtin:NAME.")
     run_dir: str = Field(description="Run directory; writes RUN/generate/.")
     backend: Literal["openai", "local"] = Field(
         "local", description="local: the verifier in-process; openai: OpenAI-compatible "
@@ -67,11 +68,13 @@ class GenerateConfig(StageConfig):
                                           "sample.")
     system_prompt: str | None = Field(None, description="System message for rows without one.")
     # inputs
-    fields: dict[str, str] = Field(default_factory=dict,
-                                   description="KIND=COLUMN: read input field KIND (messages, "
-                                               "conversations, turns, question, prompt, system, "
-                                               "id) from COLUMN; repeatable.")
+    fields: dict[str, str] = Field(default_factory=dict, description=FIELD_HELP)
     limit: int | None = Field(None, ge=1, description="Use the first N prompts only.")
+    max_reject_fraction: float = Field(
+        0.5, ge=0, le=1, description="Stop before generating when more than this fraction of "
+                                     "the input rows is rejected as bad (a reader reason, a "
+                                     "reused id, too_long; not repeated rows): the input is "
+                                     "mostly wrong.")
     # reasoning
     think_tokens: tuple[str, str] | None = Field(
         None, description="OPENER,CLOSER of reasoning: inline in answers, and the local "
@@ -119,10 +122,7 @@ class GenerateConfig(StageConfig):
     @field_validator("fields")
     @classmethod
     def _known_field_kinds(cls, v: dict[str, str]) -> dict[str, str]:
-        unknown = sorted(set(v) - set(DEFAULT_FIELDS))
-        if unknown:
-            raise ValueError(f"unknown field kind(s) {unknown}; known: {sorted(DEFAULT_FIELDS)}")
-        return v
+        return check_field_kinds(v)
 
     @field_validator("endpoint")
     @classmethod

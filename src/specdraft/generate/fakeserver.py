@@ -74,14 +74,22 @@ class LoopbackServer:
     """Serves ``handler`` on ``127.0.0.1:port`` (0 = a free port) in a background thread.
 
     ``with LoopbackServer(handler) as url: ...`` starts it and stops it. ``GET …/models``
-    lists one model, ``model_name``.
+    lists one model, ``model_name``, with ``max_model_len`` when given (as vLLM lists it).
+    ``POST /tokenize`` (vLLM's route, at the server root) answers ``{"count"}`` = the number of
+    whitespace-separated words of all message contents (the loopback's "tokens", as in
+    :func:`vllm_reply`'s usage) when ``tokenize`` is true, else 404. Every chat request body
+    received is kept in ``chat_bodies`` (tests assert what was, and was not, sent).
     """
 
     def __init__(self, handler: Callable[[dict[str, Any]], Awaitable[Reply]] = echo_handler,
-                 *, port: int = 0, model_name: str = "loopback-model") -> None:
+                 *, port: int = 0, model_name: str = "loopback-model",
+                 max_model_len: int | None = None, tokenize: bool = True) -> None:
         self.handler = handler
         self.port = port
         self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.tokenize = tokenize
+        self.chat_bodies: list[dict[str, Any]] = []
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._server: asyncio.base_events.Server | None = None
@@ -144,11 +152,20 @@ class LoopbackServer:
 
     async def _dispatch(self, method: str, path: str, raw: bytes) -> Reply:
         if method == "GET" and path.rstrip("/").endswith("/models"):
-            return Reply(200, {"object": "list", "data": [{"id": self.model_name,
-                                                           "object": "model"}]})
+            card: dict[str, Any] = {"id": self.model_name, "object": "model"}
+            if self.max_model_len is not None:
+                card["max_model_len"] = self.max_model_len
+            return Reply(200, {"object": "list", "data": [card]})
+        if method == "POST" and path.rstrip("/") == "/tokenize" and self.tokenize:
+            body = json.loads(raw)
+            words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])
+            return Reply(200, {"count": words, "max_model_len": self.max_model_len,
+                               "tokens": list(range(words))})
         if method != "POST" or not path.rstrip("/").endswith("/chat/completions"):
             return Reply(404, {"error": f"no route {method} {path}"})
-        return await self.handler(json.loads(raw))
+        body = json.loads(raw)
+        self.chat_bodies.append(body)
+        return await self.handler(body)
 
 
 def main() -> None:

@@ -73,6 +73,26 @@ class LocalBackend:
             [message_for_template(m) for m in messages], tools=None, kwargs=fmt.kwargs,
             add_generation_prompt=True)
 
+    @property
+    def context(self) -> int | None:
+        """The verifier's context in tokens (``max_position_embeddings`` of its text config),
+        None when its config does not say."""
+        config = getattr(self.model, "config", None)
+        config = getattr(config, "text_config", None) or config
+        value = getattr(config, "max_position_embeddings", None)
+        return value if isinstance(value, int) and value > 0 else None
+
+    def count_tokens(self, messages: list[dict[str, Any]]) -> int | None:
+        """Tokens of the prompt :meth:`generate` would feed for ``messages`` (None when the
+        template cannot render them: :meth:`generate` then says why)."""
+        from specdraft.core.chat import TemplateError
+
+        try:
+            text = self.render(messages)
+        except TemplateError:
+            return None
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def generate(self, conversations: list[list[dict[str, Any]]]) -> list[TurnOutput]:
         """One assistant turn for each conversation, as a single left-padded batch."""
         import torch

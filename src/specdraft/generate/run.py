@@ -28,13 +28,15 @@ from specdraft.core.context import StageContext, single_process
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl, repair_torn_tail
 from specdraft.core.assets import resolve_path
-from specdraft.core.manifest import GenerateManifest, StageClock, file_sha256, write_manifest
-from specdraft.core.rejects import Rejects
+from specdraft.core.manifest import GenerateManifest, StageClock, path_sha256, write_manifest
+from specdraft.core.rejects import Rejects, check_reject_fraction
 from specdraft.core.resume import record_settings
 from specdraft.core.rundir import open_stage_dir
 from specdraft.generate.config import GenerateConfig
+from specdraft.artifacts.prompts import REASONS as PROMPT_REASONS
 from specdraft.artifacts.prompts import Prompt, read_prompts
 from specdraft.generate.progress import Progress, format_summary
+from specdraft.generate.screen import lower_bound_messages, screen_lengths, too_long
 from specdraft.generate.samples import Checks, SampleState
 
 STAGE = "generate"
@@ -44,6 +46,9 @@ CHAT_SETTINGS = ("chat_template", "chat_template_kwargs", "think_tokens", "stop_
 SAMPLES = "samples.jsonl"
 REJECTS = "rejects.jsonl"
 RETRIED_REASONS = frozenset({"error"})
+#: Rejects of input rows found while reading the file (counted again by every run over it, not
+#: finished ids): duplicates and the reader's reasons (:data:`specdraft.artifacts.prompts.REASONS`).
+INPUT_REASONS = frozenset({"duplicate", "duplicate_id", *PROMPT_REASONS})
 
 
 @dataclass
@@ -54,7 +59,7 @@ class PriorState:
     samples: int = 0
     rejected: Counter = field(default_factory=Counter)
     retried: set[str] = field(default_factory=set)
-    duplicate_keys: set[tuple[str, str]] = field(default_factory=set)
+    input_keys: set[tuple[str, str, str]] = field(default_factory=set)
     torn_bytes: dict[str, int] = field(default_factory=dict)
 
 
@@ -84,8 +89,8 @@ def load_prior(out: Path) -> PriorState:
                 continue
             kept.append(rec)
             st.rejected[rec["reason"]] += 1
-            if rec["reason"] == "duplicate":
-                st.duplicate_keys.add((rec["id"], rec.get("source", "")))
+            if rec["reason"] in INPUT_REASONS:  # a row of the file, not a finished id
+                st.input_keys.add((rec["reason"], rec["id"], str(rec.get("source", ""))))
             else:
                 st.done.add(rec["id"])
         if st.retried:
@@ -151,26 +156,82 @@ def _checks(config: GenerateConfig) -> Checks:
                   malformed_think=config.malformed_think, keep_truncated=config.keep_truncated)
 
 
+def _reject_input(sink: Sink, prior: PriorState, reason: str, sample_id: str, detail: str,
+                  source: str) -> None:
+    """Add an input row's reject, unless an earlier run over this file already wrote it."""
+    if (reason, sample_id, source) not in prior.input_keys:
+        sink.rejects.add(sample_id, reason, detail, source=source)
+
+
 def _select(config: GenerateConfig, out: Path, prior: PriorState, sink: Sink
-            ) -> tuple[list[Prompt], dict[str, int]]:
-    """Prompts still to do, after ``--limit`` and resume; duplicates go to the rejects."""
-    prompts, dups = read_prompts(config.prompts, fields=config.field_map(),
-                                 sampling=config.sampling(),
-                                 chat_template_kwargs=config.chat_template_kwargs,
-                                 system_prompt=config.system_prompt)
-    rows = len(prompts) + len(dups)
+            ) -> tuple[list[Prompt], dict[str, int], Counter[str]]:
+    """Prompts still to do, after ``--limit`` and resume; bad rows and duplicates go to the
+    rejects (file:line, id, reason). Also returns the rows' reject counts (for
+    ``--max-reject-fraction``)."""
+    read = read_prompts(config.prompts, fields=config.field_map(),
+                        sampling=config.sampling(),
+                        chat_template_kwargs=config.chat_template_kwargs,
+                        system_prompt=config.system_prompt)
+    prompts, dups = read.prompts, read.duplicates
+    bad: Counter[str] = Counter()
+    for err in read.rejected:
+        bad[err.reason] += 1
+        _reject_input(sink, prior, err.reason, err.sample_id, err.detail, err.where)
     if config.limit is not None:
         prompts = prompts[: config.limit]
     chosen = {p.id for p in prompts}
     for d in dups:
-        if d.id in chosen and (d.id, d.source) not in prior.duplicate_keys:
-            sink.rejects.add(d.id, "duplicate", "same conversation and sampling as an earlier "
-                             "row", source=d.source)
+        if d.id in chosen:
+            _reject_input(sink, prior, "duplicate", d.id, "same conversation and sampling as "
+                          "an earlier row", d.source)
     todo = [p for p in prompts if p.id not in prior.done]
-    counts = {"rows_in": rows, "unique_prompts": rows - len(dups), "selected": len(prompts),
+    counts = {"rows_in": read.rows, "unique_prompts": len(read.prompts),
+              "rows_rejected": len(read.rejected), "selected": len(prompts),
               "already_done": len(prompts) - len(todo),
               "orphan_ids": len(prior.done - chosen)}
-    return todo, counts
+    return todo, counts, bad
+
+
+class Screen:
+    """Rejects over-long prompts before they are sent (:mod:`specdraft.generate.screen`) and
+    stops a run whose input is mostly rejected; ``facts`` says how lengths were checked."""
+
+    def __init__(self, config: GenerateConfig, sink: Sink, prior: PriorState,
+                 rows: int, bad: Counter[str], stream: TextIO | None) -> None:
+        self.config, self.sink, self.rows, self.stream = config, sink, rows, stream
+        self.rejected = bad + Counter({"too_long": prior.rejected["too_long"]})
+        self.facts: dict[str, Any] = {}
+
+    def __call__(self, todo: list[Prompt], count: Any, context: int | None,
+                 **facts: Any) -> list[Prompt]:
+        """``todo`` without its ``too_long`` prompts; raises :class:`InputError` past
+        ``--max-reject-fraction``. ``count(prompt)``: its tokens (None: unknown)."""
+        self.facts = {"context_tokens": context, **facts}
+        if context is None and todo:
+            why = ("the server lists no max_model_len; pass --verifier"
+                   if self.config.backend == "openai" else
+                   "its config has no max_position_embeddings")
+            _say(self.stream, f"generate: the verifier's context length is unknown ({why}); "
+                              f"over-long prompts are not screened")
+
+        def reject(p: Prompt, detail: str) -> None:
+            self.sink.rejects.add(p.id, "too_long", detail, source=p.source)
+            self.rejected["too_long"] += 1
+
+        kept = screen_lengths(todo, count, context, reject)
+        self.facts["too_long"] = len(todo) - len(kept)
+        first = [_short(f"{r.get('source')}: {r['detail']}", 160)
+                 for r in self.sink.rejects.pending if r["reason"] != "duplicate"][:2]
+        try:
+            check_reject_fraction(+self.rejected, self.rows, self.config.max_reject_fraction,
+                                  details=f"first: {' | '.join(first)}; nothing was generated "
+                                          f"or written: fix the input and rerun (or raise "
+                                          f"--max-reject-fraction)")
+        except InputError:
+            self.sink.rejects.discard()  # refused before any work: no file blocks the rerun
+            raise
+        self.sink.progress.set_total(len(kept))
+        return kept
 
 
 def run(config: GenerateConfig, ctx: StageContext | None = None, *, verifier: Any = None,
@@ -186,9 +247,10 @@ def run(config: GenerateConfig, ctx: StageContext | None = None, *, verifier: An
     progress lines and summary (default stderr).
 
     Raises :class:`~specdraft.core.errors.StageDirError` on non-empty output without
-    ``--resume``/``--overwrite``, :class:`~specdraft.core.errors.InputError` on a bad prompt
-    row, :class:`ConfigError` on a missing API key variable. ``KeyboardInterrupt`` propagates
-    after every finished sample has been written (the state is resumable).
+    ``--resume``/``--overwrite``, :class:`~specdraft.core.errors.InputError` on an unreadable
+    prompt file or an input mostly rejected (``--max-reject-fraction``; bad rows are
+    rejects), :class:`ConfigError` on a missing API key variable. ``KeyboardInterrupt``
+    propagates after every finished sample has been written (the state is resumable).
     """
     clock = StageClock()
     ctx = single_process(STAGE, ctx, getattr(config, "device", None))
@@ -204,12 +266,14 @@ def run(config: GenerateConfig, ctx: StageContext | None = None, *, verifier: An
     sink = Sink(out, config, progress)
     facts: dict[str, Any] = {}
     try:
-        todo, counts = _select(config, out, prior, sink)
+        todo, counts, bad = _select(config, out, prior, sink)
+        screen = Screen(config, sink, prior, counts["rows_in"], bad, stream)
         progress.set_total(len(todo))
         if config.backend == "openai":
-            facts = asyncio.run(_run_openai(todo, config, sink, api_key))
+            facts = asyncio.run(_run_openai(todo, config, sink, api_key, screen))
         else:
-            facts = _run_local(todo, config, sink, verifier, str(ctx.device))
+            facts = _run_local(todo, config, sink, verifier, str(ctx.device), screen)
+        facts["length_check"] = screen.facts
     finally:
         sink.close()
         progress.close()
@@ -230,8 +294,13 @@ def _finish(config: GenerateConfig, out: Path, clock: StageClock, prior: PriorSt
     extra = {"summary": summary, "torn_tail_bytes_cut": prior.torn_bytes, **facts,
              "reject_policy_on_resume": "error rejects retried; other reasons kept"}
     return write_manifest(out, stage=STAGE, config=config, clock=clock,
-                          inputs={"prompts": file_sha256(resolve_path(config.prompts))}, counts=counts,
+                          inputs={"prompts": path_sha256(resolve_path(config.prompts))},
+                          counts=counts,
                           extra=extra)
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _say(stream: TextIO | None, text: str) -> None:
@@ -260,16 +329,18 @@ def request_body(config: GenerateConfig) -> dict[str, Any]:
 
 
 async def _run_openai(todo: list[Prompt], config: GenerateConfig, sink: Sink,
-                      api_key: str | None) -> dict[str, Any]:
+                      api_key: str | None, screen: Screen) -> dict[str, Any]:
     from specdraft.generate.client import OpenAIBackend, RequestFailed
 
-    checks, it = _checks(config), iter(todo)
+    checks = _checks(config)
     async with OpenAIBackend(config.endpoint, model=config.model, api_key=api_key,
                              body_defaults=request_body(config),
                              concurrency=config.concurrency, timeout_s=config.timeout_s,
                              max_retries=config.max_retries, backoff_base_s=config.backoff_base_s,
                              backoff_max_s=config.backoff_max_s, seed=config.seed) as be:
         model = await _resolve_model(be)
+        todo = await _screen_served(todo, config, be, screen)
+        it = iter(todo)
 
         async def worker() -> None:
             for prompt in it:
@@ -286,6 +357,68 @@ async def _run_openai(todo: list[Prompt], config: GenerateConfig, sink: Sink,
             "retries_by_endpoint": dict(sorted(be.retries_by_endpoint.items())),
             "peak_in_flight": dict(sorted(be.peak_in_flight.items())),
             "failed_requests": dict(sorted(be.failures.items()))}
+
+
+async def _screen_served(todo: list[Prompt], config: GenerateConfig, be: Any,
+                         screen: Screen) -> list[Prompt]:
+    """:class:`Screen` for a server: its context from ``/v1/models`` (else the ``--verifier``
+    config), each prompt's tokens from its ``/tokenize`` (else the ``--verifier`` tokenizer)."""
+    context, source = await be.context_length(), "server /v1/models max_model_len"
+    given = "verifier" in config.model_fields_set
+    if context is None and given:
+        context, source = _verifier_context(config.verifier), "--verifier config"
+    if context is None or not todo:
+        return screen(todo, None, None)
+    first = await be.count_prompt_tokens(lower_bound_messages(todo[0]))
+    if first is not None:
+        sem = asyncio.Semaphore(config.concurrency)
+
+        async def one(p: Prompt) -> int | None:
+            async with sem:
+                return await be.count_prompt_tokens(lower_bound_messages(p))
+
+        counts = dict(zip([p.id for p in todo[1:]],
+                          await asyncio.gather(*(one(p) for p in todo[1:]))))
+        counts[todo[0].id] = first
+        return screen(todo, lambda p: counts[p.id], context, context_from=source,
+                      counted_by="server /tokenize")
+    if not given:
+        return screen(todo, None, None, context_from=source)
+    count = _verifier_counter(config)
+    return screen(todo, count, context, context_from=source, counted_by="--verifier tokenizer")
+
+
+def _verifier_context(verifier: str) -> int | None:
+    """``max_position_embeddings`` of the ``--verifier`` config, None when it cannot be read."""
+    from specdraft.core.profile import load_hf_config, text_config
+
+    try:
+        value = getattr(text_config(load_hf_config(verifier)), "max_position_embeddings", None)
+    except Exception:  # any unreadable config only turns the screen off (said on stderr)
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _verifier_counter(config: GenerateConfig) -> Any:
+    """``count(prompt)``: tokens of its lower-bound conversation rendered with the
+    ``--verifier`` tokenizer's chat template (the server renders with the same one)."""
+    from specdraft.core.chat import ChatFormat, TemplateError
+    from specdraft.core.verifier import load_tokenizer
+
+    tok = load_tokenizer(config.verifier)
+    fmt = ChatFormat.resolve(tok, chat_template=config.chat_template,
+                             kwargs=config.chat_template_kwargs)
+    renderer = fmt.renderer(tok)
+
+    def count(p: Prompt) -> int | None:
+        try:
+            text = renderer.render(lower_bound_messages(p), tools=None, kwargs=fmt.kwargs,
+                                   add_generation_prompt=True)
+        except TemplateError:
+            return None
+        return len(renderer.encode(text))
+
+    return count
 
 
 async def _resolve_model(be: Any) -> str:
@@ -319,7 +452,7 @@ async def _drive(coros: list[Any], sink: Sink) -> None:
 
 
 def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
-               verifier: Any, device: str) -> dict[str, Any]:
+               verifier: Any, device: str, screen: Screen) -> dict[str, Any]:
     """Generate in-process; the chat format is resolved here (the first stage to touch the
     tokenizer) and bound to the run (``RUN/verifier.json``,
     :func:`specdraft.artifacts.verifier_contract.bind`); also recorded as
@@ -333,6 +466,7 @@ def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
         backend = verifier
     else:
         if verifier is None and not todo:
+            screen(todo, None, None)
             return {"model": Path(config.verifier).name}
         model, tok = verifier if verifier is not None else (
             load_verifier(config.verifier, dtype=config.dtype, device=device),
@@ -350,12 +484,21 @@ def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
                                max_tokens=config.max_tokens, temperature=config.temperature,
                                top_p=config.top_p, seed=config.seed, chat_format=fmt)
     backend.chat_format.save(sink.out)
+    todo = screen(todo, lambda p: backend.count_tokens(lower_bound_messages(p)),
+                  backend.context, context_from="verifier max_position_embeddings",
+                  counted_by="verifier tokenizer")
     checks = _checks(config)
     for i in range(0, len(todo), config.batch_size):
         states = [SampleState(p) for p in todo[i: i + config.batch_size]]
         while active := [s for s in states if not s.done]:
-            outs = backend.generate([s.request() for s in active])
-            for s, o in zip(active, outs):
+            requests = [s.request() for s in active]
+            for s, r in zip(active, requests):  # a later turn's history may outgrow the context
+                detail = too_long(backend.count_tokens(r), backend.context)
+                if detail:
+                    s.reject = ("too_long", f"turn {len(s.turns)}: {detail}")
+            go = [(s, r) for s, r in zip(active, requests) if not s.done]
+            outs = backend.generate([r for _, r in go]) if go else []
+            for (s, _), o in zip(go, outs):
                 s.add(o, checks)
         for s in states:
             sink.put(s, emit=False)

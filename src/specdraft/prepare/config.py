@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from specdraft.artifacts.prompts import DEFAULT_FIELDS, FIELD_HELP, check_field_kinds
 from specdraft.core.config import StageConfig, parse_json_object
 
 
@@ -29,10 +30,18 @@ class PrepareConfig(StageConfig):
                                                  "vocabulary size recorded for vocab.")
     tokenizer: str | None = Field(None, description="Tokenizer dir or .gguf instead of the "
                                                     "verifier's (same vocabulary assumed).")
-    data: str | None = Field(None, description="Conversation file (.jsonl, .json, .parquet: "
-                                               "OpenAI messages or ShareGPT conversations) or a "
-                                               "save_to_disk dir, read instead of "
-                                               "RUN/generate/samples.jsonl.")
+    data: str | None = Field(None, description="Conversation file (.jsonl, .jsonl.gz, "
+                                               ".jsonl.zst, .json, .parquet) or save_to_disk "
+                                               "dir, rows of any shape of --field with their "
+                                               "answers (rows without one: no_answer), read "
+                                               "instead of RUN/generate/samples.jsonl.")
+    fields: dict[str, str] = Field(default_factory=dict, description=FIELD_HELP)
+    max_reject_fraction: float = Field(
+        0.5, ge=0, le=1, description="Stop (no dataset written) when more than this fraction "
+                                     "of the input turns (and records rejected whole) is "
+                                     "rejected as bad input (a reader reason, duplicate_id, "
+                                     "no_answer; not too_long or no_reasoning, which flags "
+                                     "choose).")
     turns: Literal["all", "last"] = Field("all", description="all: every generated assistant "
                                                              "turn is supervised (one row "
                                                              "each); last: only the last one.")
@@ -66,6 +75,15 @@ class PrepareConfig(StageConfig):
     resume: bool = Field(False, description="Run again over RUN/prepare (prepare is "
                                             "deterministic).")
     overwrite: bool = Field(False, description="Delete RUN/prepare and start over.")
+
+    @field_validator("fields")
+    @classmethod
+    def _known_field_kinds(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_field_kinds(v)
+
+    def field_map(self) -> dict[str, str]:
+        """The input column of each field kind: defaults overridden by ``fields``."""
+        return {**DEFAULT_FIELDS, **self.fields}
 
     @field_validator("think_tokens", "stop_tokens", mode="before")
     @classmethod

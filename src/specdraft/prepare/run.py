@@ -18,18 +18,20 @@ from specdraft.core.chat import (DEFAULT_THINK, ChatFormat, Renderer,
                                  added_token_ids, byte_fallback_ids, message_reasoning,
                                  template_special_ids)
 from specdraft.core.context import StageContext, single_process
-from specdraft.core.errors import ConfigError, InputError
-from specdraft.core.manifest import PrepareManifest, StageClock, input_hash, path_sha256, \
-    write_manifest
-from specdraft.core.rejects import Rejects
+from specdraft.core.errors import ConfigError, InputError, clip
+from specdraft.core.manifest import (MANIFEST, PrepareManifest, StageClock, input_hash,
+                                     path_sha256, write_manifest)
+from specdraft.core.rejects import Rejects, check_reject_fraction
 from specdraft.core.rundir import open_stage_dir, require_stage
 from specdraft.prepare.config import PrepareConfig
-from specdraft.prepare.records import (Sample, iter_records, iter_turns, split_inline_reasoning,
-                                       to_sample)
+from specdraft.prepare.records import (Sample, iter_records, iter_turns, record_id,
+                                       split_inline_reasoning, to_sample)
 from specdraft.prepare.stats import Summary
 from specdraft.prepare.turns import Rules, Turn, TurnRejected, check_token_ids, encode_turn
 from specdraft.prepare.writer import DatasetWriter
 from specdraft.artifacts import verifier_contract
+from specdraft.artifacts.prompts import REASONS as PROMPT_REASONS
+from specdraft.artifacts.prompts import missing_message
 from specdraft.artifacts.layout import RunLayout
 from specdraft.artifacts.verifier_contract import VerifierContract
 
@@ -83,7 +85,7 @@ def input_files(config: PrepareConfig) -> tuple[Path, dict[str, str]]:
     if config.data is not None:
         path = Path(config.data)
         if not path.exists():
-            raise ConfigError(f"--data {path}: not found")
+            raise ConfigError(missing_message(path, "--data"))
         return path, {"data": path_sha256(path)}
     require_stage(config.run_dir, "generate")
     gen = RunLayout(config.run_dir).generate
@@ -104,17 +106,21 @@ class _Job:
         self.vocab_size = vocab_size
         self.kwargs_seen: Counter[str] = Counter()
         self.ids_seen: set[str] = set()
+        self.records_rejected = 0  # records rejected whole (their turns are not counted)
 
     def add_record(self, where: str, record: dict[str, Any]) -> None:
         """Encode every supervised turn of one record (rows or rejects)."""
         self.summary.samples_in += 1
         try:
-            sample = to_sample(record, where, self.default_kwargs)
+            sample = to_sample(record, where, self.default_kwargs, self.config.field_map())
             sample = split_inline_reasoning(sample, self.think_tags)
         except TurnRejected as err:
-            self.rejects.add(str(record.get("id") or where), err.reason, err.detail, where=where)
+            self.records_rejected += 1
+            self.rejects.add(record_id(record, where, self.config.field_map()), err.reason,
+                             err.detail, where=where)
             return
         if sample.id in self.ids_seen:
+            self.records_rejected += 1
             self.rejects.add(sample.id, "duplicate_id", f"{where}: id seen before", where=where)
             return
         self.ids_seen.add(sample.id)
@@ -139,6 +145,7 @@ class _Job:
             if self.config.require_reasoning and not turn.reasoning.strip():
                 raise TurnRejected("no_reasoning", "--require-reasoning and the turn has none")
             enc = encode_turn(self.renderer, turn, self.rules)
+            _check_tool_calls(self.renderer, message, meta["message_index"], enc)
         except TurnRejected as err:
             self.rejects.add(key, err.reason, err.detail)
             return
@@ -147,6 +154,26 @@ class _Job:
                          "seq_len": len(enc.input_ids), "truncated": enc.truncated})
         self.summary.add_row(enc.input_ids, enc.loss_mask, reasoning=bool(turn.reasoning.strip()),
                              truncated=enc.truncated, scaffold=enc.scaffold)
+
+
+def _check_tool_calls(renderer: Renderer, message: dict[str, Any], index: int,
+                      enc: Any) -> None:
+    """A supervised turn that calls tools must supervise the calls: when the chat template does
+    not render ``tool_calls`` (SmolLM2's, for one), the row would train on the end-of-turn token
+    alone; ``tool_calls_unsupported`` instead of that silent row."""
+    calls = message.get("tool_calls") or ([{"function": message["function_call"]}]
+                                          if message.get("function_call") else [])
+    if not calls:
+        return
+    text = renderer.decode([t for t, m in zip(enc.input_ids, enc.loss_mask) if m])
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or name not in text:
+            raise TurnRejected("tool_calls_unsupported",
+                               f"message {index}: the chat template does not "
+                               f"render its tool call {clip(name)}; the row would supervise "
+                               f"the end of the turn only")
 
 
 def start_job(config: PrepareConfig, out: Path) -> tuple[_Job, ChatFormat, int]:
@@ -169,7 +196,11 @@ def run(config: PrepareConfig, ctx: StageContext | None = None) -> PrepareManife
     stage runs in one process (:func:`specdraft.core.context.single_process`)."""
     clock = StageClock()
     single_process(STAGE, ctx, "cpu")
-    out = open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
+    # an incomplete RUN/prepare (no manifest: a refused or killed run) holds nothing to resume
+    # from (prepare is deterministic): a plain rerun replaces it
+    incomplete = not (RunLayout(config.run_dir).stage(STAGE) / MANIFEST).exists()
+    out = open_stage_dir(config.run_dir, STAGE, resume=config.resume,
+                         overwrite=config.overwrite or (incomplete and not config.resume))
     source, inputs = input_files(config)
     job, fmt, vocab_size = start_job(config, out)
     renderer = job.renderer
@@ -179,6 +210,7 @@ def run(config: PrepareConfig, ctx: StageContext | None = None) -> PrepareManife
             if n % 256 == 0:
                 job.rejects.flush()
         _refuse_empty(job, source, out)
+        _refuse_mostly_rejected(job, out)
         job.writer.finish(RunLayout(config.run_dir).dataset)
     except BaseException:
         job.writer.abort()
@@ -201,13 +233,41 @@ def _refuse_empty(job: _Job, source: Any, out: Path) -> None:
     names); no manifest is written, so the stage stays incomplete."""
     if job.summary.figures(dict(job.rejects.counts))["tokenized"] > 0:
         return
+    final = _rejects_to_final(job, out)
+    hint = f"details in {final}; fix the data and rerun (the incomplete {out} is replaced)" \
+        if job.rejects.total else "no input turns"
+    raise InputError(f"prepare: no row was produced from {source}; rejects by reason: "
+                     f"{dict(job.rejects.counts) or 'none'} ({hint})")
+
+
+def _rejects_to_final(job: _Job, out: Path) -> Path:
+    """Close the rejects and give them their final name, ``RUN/prepare/rejects.jsonl``."""
     job.rejects.close()
     final = out / "rejects.jsonl"
     os.replace(job.rejects.path, final)
-    hint = f"details in {final}; fix the data and rerun with --overwrite" if job.rejects.total \
-        else "no input turns"
-    raise InputError(f"prepare: no row was produced from {source}; rejects by reason: "
-                     f"{dict(job.rejects.counts) or 'none'} ({hint})")
+    return final
+
+
+#: Rejects that say the input is wrong (not a setting's choice such as --max-seq-len or
+#: --require-reasoning): the reader's reasons, a reused id, a record without an answer.
+INPUT_REASONS = frozenset({*PROMPT_REASONS, "duplicate_id", "no_answer"})
+
+
+def _refuse_mostly_rejected(job: _Job, out: Path) -> None:
+    """``--max-reject-fraction``: input rejects (:data:`INPUT_REASONS`) over the units of input
+    (turns, and records rejected whole) past the limit stop the run with the counts; no
+    manifest is written."""
+    units = job.summary.turns_in + job.records_rejected
+    wrong = {k: n for k, n in job.rejects.counts.items() if k in INPUT_REASONS}
+    try:
+        check_reject_fraction(wrong, units, job.config.max_reject_fraction,
+                              what="input turns (and records rejected whole)",
+                              details=f"details in {out / 'rejects.jsonl'}; fix the data and "
+                                      f"rerun (the incomplete {out} is replaced), or raise "
+                                      f"--max-reject-fraction")
+    except InputError as err:
+        _rejects_to_final(job, out)
+        raise InputError(f"prepare: {err}") from None
 
 
 def _with_sample_kwargs(fmt: ChatFormat, seen: Counter[str]) -> ChatFormat:
