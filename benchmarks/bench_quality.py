@@ -99,7 +99,7 @@ def eval_offline(out: Path, drafter: Path, verifier, prompts: Path, limit: int |
         return json.loads(done.read_text())
     cfg = EvalConfig(drafter=drafter, out=out, prompts=prompts, limit=limit, k=4,
                      temperature=0.0, max_new_tokens=96, batch_size=EVAL_BATCH, overwrite=True)
-    return eval_run(cfg, verifier=verifier)
+    return eval_run(cfg, verifier=verifier).to_dict()
 
 
 def eval_mtbench(run_dir: Path, drafter: Path, verifier, limit: int | None = None) -> dict:

@@ -231,7 +231,7 @@ def test_load_spread_over_two_endpoints_and_api_key(tmp_path, monkeypatch):
     assert set(per) == {url_a, url_b} and min(per.values()) >= 12
     # /models (1) on the first endpoint, then the chat requests; every one authenticated
     assert set(a.authorizations) == set(b.authorizations) == {"Bearer sk-secret-123"}
-    text = (tmp_path / "run/generate/samples.jsonl").read_text() + json.dumps(m)
+    text = (tmp_path / "run/generate/samples.jsonl").read_text() + json.dumps(m.to_dict())
     assert "sk-secret-123" not in text
     assert m["config"]["api_key_env"] == "SPECDRAFT_TEST_KEY"
 
