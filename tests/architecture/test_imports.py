@@ -10,10 +10,14 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "src" / "specdraft"
 STAGES = {"generate", "prepare", "vocab", "extract", "train", "export", "eval", "doctor"}
 LOWER = {"core", "models", "artifacts", "engines"}
-#: what each room may import besides itself; ``cli`` and ``pipeline`` compose the stages
-ALLOWED = {**{s: LOWER for s in STAGES},
-           "artifacts": {"core", "models"}, "engines": {"core", "models", "artifacts"},
-           "core": set(), "models": {"core"}}
+#: what each room may import besides itself; ``cli`` and ``pipeline`` compose the stages.
+#: ``kinds``: the drafter kinds (docs/architecture.md "Kinds"): its homes span train, eval and
+#: export, so they import what the stages import, never a stage; the stages and ``artifacts``
+#: dispatch through its registry (``specdraft.kinds`` itself, which imports only ``core``:
+#: :func:`kind_violations`).
+ALLOWED = {**{s: LOWER | {"kinds"} for s in STAGES},
+           "artifacts": {"core", "models", "kinds"}, "engines": {"core", "models", "artifacts"},
+           "kinds": LOWER, "core": set(), "models": {"core"}}
 
 
 def imported_packages(path: Path, pkg: Path = PKG) -> list[tuple[int, str]]:
@@ -68,6 +72,49 @@ def test_the_rule_catches_a_stage_importing_another(tmp_path):
     assert violations(pkg) == ["specdraft/core/x.py:1: core imports artifacts",
                                "specdraft/eval/engine.py:4: eval imports export",
                                "specdraft/train/main.py:1: train imports cli"]
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` of every absolute ``specdraft`` import in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("specdraft.")]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module == "specdraft":
+                out += [(node.lineno, f"specdraft.{a.name}") for a in node.names]
+            elif node.module.startswith("specdraft."):
+                out.append((node.lineno, node.module))
+    return out
+
+
+def kind_violations(pkg: Path = PKG) -> list[str]:
+    """A kind's home (``specdraft.kinds.<kind>``) is reached through the registry only, never
+    imported from outside ``kinds/``; the registry (``kinds/__init__.py``) imports only
+    ``core`` (the stages and ``artifacts`` import it: it must not pull them back in)."""
+    bad = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg)
+        for line, mod in imported_modules(path):
+            parts = mod.split(".")
+            if rel.parts[0] != "kinds" and parts[1] == "kinds" and len(parts) > 2:
+                bad.append(f"{rel}:{line}: imports the kind home {mod}")
+            if rel.as_posix() == "kinds/__init__.py" and parts[1] not in ("core", "kinds"):
+                bad.append(f"{rel}:{line}: the kind registry imports {mod}")
+    return bad
+
+
+def test_kind_homes_are_reached_through_the_registry(tmp_path):
+    """Planted faults: a stage importing a home, the registry importing a stage."""
+    assert kind_violations() == []
+    pkg = tmp_path / "specdraft"
+    for room in ("eval", "kinds"):
+        (pkg / room).mkdir(parents=True)
+    (pkg / "eval" / "run.py").write_text("from specdraft.kinds.dflash import build\n")
+    (pkg / "kinds" / "__init__.py").write_text("\ndef f():\n    import specdraft.train.run\n")
+    assert kind_violations(pkg) == [
+        "eval/run.py:1: imports the kind home specdraft.kinds.dflash",
+        "kinds/__init__.py:3: the kind registry imports specdraft.train.run"]
 
 
 @pytest.mark.parametrize("room", sorted(ALLOWED))

@@ -52,7 +52,7 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
     ("train", "aux_layers"): (["--aux-layers", "2,3", "--aux-layers", "4"], (2, 3, 4)),
     ("train", "online"): (["--online", "--verifier", "smollm2"], True),
     ("export", "aux_layers"): (["--aux-layers", "1,2,3"], (1, 2, 3)),
-    # DFlash's settings are refused for the EAGLE-3 drafter (TrainConfig: DFLASH_ONLY)
+    # DFlash's settings are refused for the EAGLE-3 drafter (its row: kinds.DFLASH_OPTIONS)
     ("train", "dflash_block_size"): (["--drafter", "dflash", "--dflash-block-size", "9"], 9),
     ("train", "dflash_layers"): (["--drafter", "dflash", "--dflash-layers", "3"], 3),
     ("train", "dflash_anchors"): (["--drafter", "dflash", "--dflash-anchors", "5"], 5),

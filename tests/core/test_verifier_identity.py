@@ -116,8 +116,8 @@ def world(tmp_path_factory, smollm2_tokenizer_dir):
                           batch_tokens=256))
     identity = load_stage_manifest(run / "extract").verifier_identity
     drafter = make_drafter(model, aux=AUX)
-    drafter.config = type(drafter.config)(**{**drafter.config.to_dict(),
-                                             "verifier_identity": identity})
+    drafter.config = type(drafter.config).from_dict({**drafter.config.to_dict(),
+                                                     "verifier_identity": identity})
     save_drafter(drafter, run / "train" / "best")
     rotated = rotate_hidden_basis(model)
     return {"tmp": tmp, "base": base, "model": model, "run": run, "identity": identity,

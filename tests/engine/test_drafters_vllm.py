@@ -30,7 +30,8 @@ VARIANTS = {
 def variant_drafter(best, fields: dict, out, seed: int = 0):
     """``best``'s weights in a drafter with ``fields`` set; new norm gains 1 + 0.1·N(0, 1)."""
     from specdraft.models.eagle3 import Eagle3DraftModel
-    from specdraft.models.io import load_drafter, save_drafter
+    from specdraft.artifacts.drafter import load_drafter
+    from specdraft.models.io import save_drafter
 
     base = load_drafter(best)
     m = Eagle3DraftModel(dataclasses.replace(base.config, **fields))

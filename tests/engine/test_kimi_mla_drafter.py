@@ -58,7 +58,7 @@ def served(tmp_path_factory, vllm_python, think_tokenizer_dir):
     from specdraft.eval.engine import run_worker, vllm_job
     from specdraft.export.config import ExportConfig
     from specdraft.export.run import run as export
-    from specdraft.models.io import load_drafter
+    from specdraft.artifacts.drafter import load_drafter
     from specdraft.train.config import TrainConfig
     from specdraft.train.run import run
 

@@ -135,7 +135,8 @@ def test_a_field_specdraft_does_not_implement_is_refused_by_name(tmp_path, six_l
 
 
 def test_unknown_key_of_a_specdraft_drafter_dir_is_refused_by_name(tmp_path, six_layer_verifier):
-    from specdraft.models.io import load_drafter, save_drafter
+    from specdraft.artifacts.drafter import load_drafter
+    from specdraft.models.io import save_drafter
 
     d = save_drafter(make_drafter(six_layer_verifier), tmp_path / "d")
     cfg = json.loads((d / "drafter_config.json").read_text()) | {"norm_output_v2": True}

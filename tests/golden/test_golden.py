@@ -41,7 +41,7 @@ def train_and_eval(run_dir: Path) -> dict:
     """The run of the module doc; returns the figures that are frozen."""
     from specdraft.eval.acceptance import AcceptanceStats
     from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
-    from specdraft.models.io import load_drafter
+    from specdraft.artifacts.drafter import load_drafter
     from specdraft.train.config import TrainConfig
     from specdraft.train.run import run
 

@@ -203,8 +203,8 @@ def test_drafter_reader_reads_a_dflash_export_and_doctor_names_it(verifier, tmp_
     m = drafter(verifier)
     export_dflash(m, tmp_path / "x")
     d = read_drafter(tmp_path / "x")
-    assert d.format == "dflash" and d.config == m.config.__class__(
-        **{**m.config.to_dict(), "verifier_profile": None})
+    assert d.format == "dflash" and d.config == m.config.__class__.from_dict(
+        {**m.config.to_dict(), "verifier_profile": None})
     with pytest.raises(InputError, match="no lm_head.weight"):
         build_model(d, verifier_embed=verifier.get_input_embeddings().weight)
     back = build_model(d, verifier_embed=verifier.get_input_embeddings().weight,

@@ -186,7 +186,8 @@ def test_from_verifier_copies_shape():
 
 
 def test_save_load_roundtrip(tmp_path):
-    from specdraft.models.io import load_drafter, save_drafter
+    from specdraft.artifacts.drafter import load_drafter
+    from specdraft.models.io import save_drafter
 
     torch.manual_seed(1)
     m = Eagle3DraftModel(tiny_config())

@@ -106,7 +106,8 @@ def test_drafter_corpus_is_refused(tmp_path, path):
     (read_drafter) and by training resume (load_drafter): one line naming the file."""
     from specdraft.core.errors import InputError
     from specdraft.artifacts.drafter import read_drafter
-    from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE, load_drafter
+    from specdraft.artifacts.drafter import load_drafter
+    from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE
 
     (tmp_path / CONFIG_FILE).write_bytes(path.read_bytes())
     (tmp_path / WEIGHTS_FILE).write_bytes(b"")

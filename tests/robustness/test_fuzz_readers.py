@@ -194,7 +194,7 @@ def test_drafter_configs(tmp_path_factory, data, name):
     """``export/eval/doctor --drafter DIR`` (read_drafter) and a training checkpoint's drafter
     (load_drafter): the weights are valid, the config is fuzzed."""
     from specdraft.artifacts.drafter import read_drafter
-    from specdraft.models.io import load_drafter
+    from specdraft.artifacts.drafter import load_drafter
 
     d = tmp_path_factory.mktemp("d")
     (d / name).write_bytes(data)

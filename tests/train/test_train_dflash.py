@@ -30,7 +30,7 @@ def records(run_dir, split):
 
 def test_dflash_trains_and_saves_a_self_contained_drafter(run_dir, verifier, source):
     from specdraft.models.dflash import DFlashDraftModel
-    from specdraft.models.io import load_drafter
+    from specdraft.artifacts.drafter import load_drafter
 
     run(cfg(run_dir), verifier=verifier, source=source)
     train = records(run_dir, "train")
@@ -78,14 +78,14 @@ def test_a_setting_of_the_other_drafter_is_refused(tmp_path, given, flag):
 
 def test_aux_id_without_a_layer_output_is_refused(run_dir, verifier, source):
     """HF hidden_states[0] (the embeddings) is no layer's output: DFlash cannot read it."""
-    from specdraft.train.run import build_dflash_drafter, verifier_head, verifier_profile
+    from specdraft.train.run import build_drafter, verifier_head, verifier_profile
 
     class Aux0:
         aux_layer_ids, hidden_size = (0, 2), source.hidden_size
 
     with pytest.raises(ConfigError, match=r"aux layer ids \[0, 2\].*hidden_states 1\.\.3"):
-        build_dflash_drafter(cfg(run_dir), verifier_profile(cfg(run_dir), verifier, None),
-                             Aux0(), verifier_head(verifier, run_dir))
+        build_drafter(cfg(run_dir), verifier_profile(cfg(run_dir), verifier, None), Aux0(),
+                      verifier_head(verifier, run_dir), None, None)
 
 
 def test_objective_counts_by_hand():

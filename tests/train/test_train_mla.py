@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdraft.models.eagle3_mla import Eagle3MLADraftModel
-from specdraft.models.io import load_drafter
+from specdraft.artifacts.drafter import load_drafter
 from specdraft.train.config import TrainConfig
 from specdraft.train.run import run
 

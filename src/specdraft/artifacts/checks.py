@@ -92,7 +92,7 @@ def _engine_readings(d: DrafterOnDisk) -> dict[str, list[int] | None]:
     raw = d.raw_config
     top = raw.get("eagle_aux_hidden_state_layer_ids")
     out = {"vllm": vllm_capture_hf_ids(top) if top else None}
-    if d.format != "speculators" and d.config.draft_layer != "mla":  # MLA: vLLM only
+    if d.format != "speculators" and "sglang" in d.config.served_by:  # MLA: vLLM only
         inner = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         out["sglang"] = sglang_capture_hf_ids(inner) if inner else None
     return out
@@ -185,10 +185,9 @@ def check_computation_fields(s: Subject) -> Check:
     check_contract`): vLLM's llama_eagle3 path defaults ``norm_before_residual`` to false, its
     speculators reader to true; SGLang reads none of them."""
     raw, c = s.drafter.raw_config, s.drafter.config
-    if raw is not None and c.draft_layer == "mla":  # vLLM's MLA drafter reads its own layout
-        from specdraft.artifacts.validate import check_mla_config
-
-        problems = check_mla_config(s.drafter.format, raw, c)
+    own = c.layout_problems(s.drafter.format, raw) if raw is not None else None
+    if own is not None:  # a layer with its own layout (vLLM's MLA drafter reads its own)
+        problems = own
     else:
         problems = [] if raw is None else check_contract(s.drafter.format, raw, c)
     values = ", ".join(f"{n}={getattr(c, n)}" for n in COMPUTATION_FIELDS)
@@ -267,8 +266,8 @@ def check_teacher(s: Subject) -> Check:
 
 def check_verifier_identity(s: Subject) -> Check:
     """The verifier is the model the drafter was trained on
-    (:mod:`specdraft.core.verifier_identity`): config, tokenizer, chat template and a sample of weight bytes against the drafter's record
-    (else the run's); a variant of it passes, named."""
+    (:mod:`specdraft.core.verifier_identity`): config, tokenizer, chat template and the weight
+    fingerprint against the drafter's record (else the run's); a variant of it passes, named."""
     from specdraft.core.verifier_identity import compare, drafter_identity, identify_like
 
     name = "verifier is the model the drafter was trained on"
@@ -310,18 +309,16 @@ def subject(target: str | Path, verifier_path: str, *, verifier: Any | None = No
     from specdraft.core.manifest import load_stage_manifest
     from specdraft.core.verifier import load_tokenizer, load_verifier
 
-    from specdraft.artifacts.drafter import is_dflash_drafter
+    from specdraft import kinds
     from specdraft.core.errors import InputError
 
     layout = RunLayout(target)
     run = layout.root if layout.is_run() else None
     record = run_verifier(run)
     drafter = read_drafter(layout.drafter() if run else layout.root)
-    if is_dflash_drafter(drafter):
-        raise InputError(f"{drafter.path}: a DFlash drafter; the doctor's checks are EAGLE-3's. "
-                         f"A DFlash drafter is checked by `specdraft export --format vllm` (its "
-                         f"config read back as vLLM reads it, layer ids against the run) and by "
-                         f"`specdraft eval --engine vllm` (vLLM's counts against offline)")
+    why = kinds.of(drafter).hooks().doctor(drafter)  # None: these checks are the kind's
+    if why is not None:
+        raise InputError(why)
     return Subject(
         drafter=drafter,
         verifier=verifier if verifier is not None else load_verifier(verifier_path, dtype=dtype),

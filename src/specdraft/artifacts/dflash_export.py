@@ -35,6 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from specdraft import kinds
 from specdraft.core.atomic import atomic_dir, atomic_save_safetensors, atomic_write_json
 from specdraft.core.errors import InputError
 from specdraft.models.dflash import DFlashConfig, DFlashDraftModel, config_problems
@@ -57,16 +58,19 @@ _DFLASH_KEYS = {"mask_token_id", "target_layer_ids", "causal", "use_aux_hidden_s
 
 
 def speculative_method(export_dir: str | Path) -> str:
-    """vLLM's ``speculative_config.method`` for the export at ``export_dir``: ``dflash`` when its
-    ``config.json`` names vLLM's DFlash architecture (:data:`ARCH`), else ``eagle3``. Reads the
-    config only; an unreadable one is ``eagle3`` (the loaders that read the export say what is
-    wrong with it)."""
+    """vLLM's ``speculative_config.method`` for the export at ``export_dir``: the engine method
+    of its kind (:func:`specdraft.kinds.detect_kind` on its ``config.json``: ``dflash`` for
+    :data:`ARCH`). Reads the config only; an unreadable one is the legacy default kind's
+    (``eagle3``: the loaders that read the export say what is wrong with it)."""
     try:
         cfg = json.loads((Path(export_dir) / CONFIG).read_text())
     except (OSError, ValueError):
-        return "eagle3"
-    return "dflash" if isinstance(cfg, dict) and cfg.get("architectures") == [ARCH] \
-        else "eagle3"
+        cfg = {}
+    try:
+        name = kinds.detect_kind(cfg if isinstance(cfg, dict) else {})
+    except InputError:
+        name = kinds.LEGACY_DEFAULT
+    return kinds.get(name).engine_method or kinds.get(kinds.LEGACY_DEFAULT).engine_method
 
 
 def engine_config(c: DFlashConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -161,8 +165,8 @@ def export_problems(model: DFlashDraftModel, cfg: dict[str, Any],
     have = {k: tuple(v.shape) for k, v in tensors.items()}
     out += [f"tensor {k}: missing" for k in sorted(set(shapes) - set(have))]
     out += [f"tensor {k}: not a DFlash checkpoint tensor" for k in sorted(set(have) - set(shapes))]
-    out += [f"tensor {k}: shape {have[k]}, expected {shapes[k]}" for k in sorted(set(shapes) & set(have))
-            if have[k] != shapes[k]]
+    out += [f"tensor {k}: shape {have[k]}, expected {shapes[k]}"
+            for k in sorted(set(shapes) & set(have)) if have[k] != shapes[k]]
     out += [f"tensor {k}: not finite" for k, v in tensors.items() if not torch.isfinite(v).all()]
     return out
 

@@ -14,13 +14,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from specdraft import kinds
 from specdraft.core.errors import InputError, clip
 from specdraft.core.jsonl import read_json
-from specdraft.artifacts.formats import FORMAT_SPECS, detect_format, drafter_config_from_export, \
-    inverse, rename
-from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel
-from specdraft.artifacts.dflash_export import ARCH as DFLASH_ARCH, read_dflash
-from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE, drafter_from_config, is_dflash
+from specdraft.artifacts.formats import FORMAT_SPECS, detect_format, inverse, rename
+from specdraft.models.io import CONFIG_FILE, WEIGHTS_FILE, Drafter
 
 EXPORT_CONFIG = "config.json"
 EXPORT_WEIGHTS = "model.safetensors"
@@ -36,11 +34,12 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 
 @dataclass
 class DrafterOnDisk:
-    """A drafter read from ``path``: its :class:`Eagle3Config`, tensors under our names, the
-    format (``"specdraft"`` or one of the export formats) and the raw ``config.json`` (exports)."""
+    """A drafter read from ``path``: its config (its kind's class, which declares the kind),
+    tensors under our names, the format (``"specdraft"`` or one of the kind's export formats)
+    and the raw ``config.json`` (exports)."""
 
     path: Path
-    config: Eagle3Config
+    config: Any
     state: dict[str, torch.Tensor]
     format: str
     raw_config: dict[str, Any] | None = None
@@ -48,40 +47,25 @@ class DrafterOnDisk:
 
 def read_drafter(path: str | Path) -> DrafterOnDisk:
     """Read ``path`` (``drafter_config.json`` + ``drafter.safetensors``, or ``config.json`` +
-    ``model.safetensors``). Raises :class:`InputError` naming the file and the missing or
-    mistyped key, a config that is not JSON, or a weights file that is cut short or corrupt."""
+    ``model.safetensors``), through its kind's home (:func:`specdraft.kinds.detect_kind`).
+    Raises :class:`InputError` naming the file and the missing or mistyped key, a config that
+    is not JSON, or a weights file that is cut short or corrupt."""
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"{path}: drafter directory not found")
     if (path / CONFIG_FILE).exists():
         raw = _json_object(path / CONFIG_FILE)
-        if is_dflash(raw):  # DFlashConfig.from_dict names every key it does not implement
-            from specdraft.models.dflash import DFlashConfig
-
-            cfg = _config(path / CONFIG_FILE, lambda: DFlashConfig.from_dict(raw), raw)
-            return DrafterOnDisk(path, cfg, _load(path / WEIGHTS_FILE), "specdraft")
-        _check_keys(path / CONFIG_FILE, raw)
-        cfg = _config(path / CONFIG_FILE, lambda: _config_class(raw).from_dict(raw), raw)
-        return DrafterOnDisk(path, cfg, _load(path / WEIGHTS_FILE), "specdraft")
+        home = kinds.get(kinds.detect_kind(raw, where=path / CONFIG_FILE)).hooks()
+        home.check_keys(path / CONFIG_FILE, raw)
+        cfg = parse_config(path / CONFIG_FILE, lambda: home.config_from_dict(raw))
+        return DrafterOnDisk(path, cfg, load_tensors(path / WEIGHTS_FILE), "specdraft")
     if (path / EXPORT_CONFIG).exists():
         raw = _json_object(path / EXPORT_CONFIG)
-        if raw.get("architectures") == [DFLASH_ARCH]:  # vLLM's native DFlash format
-            cfg, state = read_dflash(path)
-            return DrafterOnDisk(path, cfg, state, "dflash", raw)
-        fmt = detect_format(raw)
-        cfg = _config(path / EXPORT_CONFIG, lambda: _export_config(raw, fmt), raw, fmt=fmt)
-        state = _export_state(raw, _load(path / EXPORT_WEIGHTS), fmt)
+        home = kinds.get(kinds.detect_kind(raw, where=path / EXPORT_CONFIG)).hooks()
+        cfg, state, fmt = home.read_export(path, raw)
         return DrafterOnDisk(path, cfg, state, fmt, raw)
     raise InputError(f"{path}: neither a specdraft drafter ({CONFIG_FILE}) nor an exported "
                      f"drafter ({EXPORT_CONFIG})")
-
-
-def is_dflash_drafter(d: DrafterOnDisk) -> bool:
-    """``d`` is a DFlash drafter (:mod:`specdraft.models.dflash`), in specdraft's or vLLM's
-    format."""
-    from specdraft.models.dflash import DFlashConfig
-
-    return isinstance(d.config, DFlashConfig)
 
 
 def _json_object(path: Path) -> dict[str, Any]:
@@ -91,25 +75,10 @@ def _json_object(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _is_mla(raw: dict[str, Any]) -> bool:
-    """A drafter config of the MLA layer (:mod:`specdraft.models.eagle3_mla`): specdraft's own
-    (``kv_lora_rank`` / ``draft_layer`` mla) or its vLLM export (``Eagle3DeepseekV2ForCausalLM``)."""
-    return "kv_lora_rank" in raw or raw.get("draft_layer") == "mla"
-
-
-def _config_class(raw: dict[str, Any]) -> type[Eagle3Config]:
-    if _is_mla(raw):
-        from specdraft.models.eagle3_mla import Eagle3MLAConfig
-
-        return Eagle3MLAConfig
-    return Eagle3Config
-
-
-def _check_keys(path: Path, raw: dict[str, Any]) -> None:
-    """Missing and unknown keys of a specdraft drafter config, named (a renamed key shows as
-    both); the fields are the drafter kind's (:class:`Eagle3Config`, or the MLA config)."""
-    cls = _config_class(raw)
-    known = {f.name for f in fields(cls)}
+def check_keys(path: Path, raw: dict[str, Any], cls: type) -> None:
+    """Missing and unknown keys of a specdraft drafter config of dataclass ``cls``, named (a
+    renamed key shows as both); ``kind`` is the declared kind, not a field."""
+    known = {f.name for f in fields(cls)} | {"kind"}
     required = {f.name for f in fields(cls)
                 if f.default is MISSING and f.default_factory is MISSING}
     missing, unknown = sorted(required - set(raw)), sorted(set(raw) - known)
@@ -118,29 +87,23 @@ def _check_keys(path: Path, raw: dict[str, Any]) -> None:
                          f"{clip(unknown, 300)} for a specdraft drafter config")
 
 
-def _export_config(raw: dict[str, Any], fmt: str) -> Eagle3Config:
-    if _is_mla(raw):
-        from specdraft.models.eagle3_mla import config_from_vllm
-
-        return config_from_vllm(raw)
-    return drafter_config_from_export(raw, fmt)
+def export_state(raw: dict[str, Any], state: dict[str, torch.Tensor], fmt: str
+                 ) -> dict[str, torch.Tensor]:
+    """The tensors of an EAGLE-3 format export (:data:`FORMAT_SPECS`) under our names."""
+    return rename(state, inverse(FORMAT_SPECS[fmt].rename))
 
 
-def _export_state(raw: dict[str, Any], state: dict[str, torch.Tensor], fmt: str
-                  ) -> dict[str, torch.Tensor]:
-    """The exported tensors under our names; the MLA export's ``t2d`` (not written: the image of
-    ``d2t``) is rebuilt from ``d2t``."""
-    state = rename(state, inverse(FORMAT_SPECS[fmt].rename))
-    if _is_mla(raw) and "t2d" not in state and "d2t" in state:
-        d2t = state["d2t"].long()
-        t2d = torch.zeros(int(raw["vocab_size"]), dtype=torch.bool)
-        t2d[torch.arange(d2t.numel()) + d2t] = True
-        state["t2d"] = t2d
-    return state
+def read_export_format(path: Path, raw: dict[str, Any], build: Callable[[str], Any]
+                       ) -> tuple[Any, dict[str, torch.Tensor], str]:
+    """``(config, tensors, format)`` of an export in one of the :data:`FORMAT_SPECS` formats:
+    the format detected from ``raw``, ``build(format)`` the config (errors named by
+    :func:`parse_config`), the tensors renamed to ours."""
+    fmt = detect_format(raw)
+    cfg = parse_config(path / EXPORT_CONFIG, lambda: build(fmt), fmt=fmt)
+    return cfg, export_state(raw, load_tensors(path / EXPORT_WEIGHTS), fmt), fmt
 
 
-def _config(path: Path, build: Callable[[], Eagle3Config], raw: dict[str, Any], *,
-            fmt: str = "specdraft") -> Eagle3Config:
+def parse_config(path: Path, build: Callable[[], Any], *, fmt: str = "specdraft") -> Any:
     """``build()``, with its KeyError / TypeError / ValueError turned into an
     :class:`InputError` naming ``path`` and the key; field types are checked afterwards."""
     try:
@@ -158,7 +121,7 @@ def _config(path: Path, build: Callable[[], Eagle3Config], raw: dict[str, Any], 
     return cfg
 
 
-def _load(path: Path) -> dict[str, torch.Tensor]:
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     if not path.exists():
         raise InputError(f"{path} not found")
     try:
@@ -170,27 +133,60 @@ def _load(path: Path) -> dict[str, torch.Tensor]:
 
 def build_model(d: DrafterOnDisk, *, verifier_embed: torch.Tensor | None = None,
                 verifier_head: torch.Tensor | None = None, device: str = "cpu",
-                dtype: torch.dtype = torch.float32) -> Eagle3DraftModel:
-    """The drafter of ``d``'s kind (:func:`specdraft.models.io.drafter_from_config`) with
-    ``d``'s weights. A missing ``embed_tokens.weight`` is taken from ``verifier_embed`` [V, H]
-    and, for a DFlash drafter (whose export holds neither table), a missing ``lm_head.weight``
-    from ``verifier_head`` [V, H] (what the engines do); missing ``d2t``/``t2d`` are refused.
+                dtype: torch.dtype = torch.float32) -> Drafter:
+    """The drafter of ``d``'s kind (its home's ``model``) with ``d``'s weights. A missing
+    verifier table its kind shares (``shared_tables``: ``embed_tokens.weight`` [V, H] for every
+    built-in kind; also ``lm_head.weight`` [V, H] for DFlash, whose export holds neither) is taken
+    from ``verifier_embed`` / ``verifier_head`` (what the engines do); missing ``d2t``/``t2d``
+    are refused.
 
     Raises :class:`InputError` for any other missing or unexpected tensor.
     """
+    home = kinds.of(d).hooks()
     state = dict(d.state)
-    shared = {"embed_tokens.weight": verifier_embed}
-    if is_dflash_drafter(d):
-        shared["lm_head.weight"] = verifier_head
-    for name, table in shared.items():
+    given = {"embed_tokens.weight": verifier_embed, "lm_head.weight": verifier_head}
+    for name in home.shared_tables():
         if name in state:
             continue
-        if table is None:
+        if given[name] is None:
             raise InputError(f"{d.path}: no {name}; pass the verifier to share its table")
-        state[name] = table
-    model = drafter_from_config(d.config)
+        state[name] = given[name]
+    model = home.model(d.config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("rotary.")]
     if missing or unexpected:
         raise InputError(f"{d.path}: missing tensors {missing}, unexpected {unexpected}")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def drafter_from_dict(d: dict[str, Any]) -> Drafter:
+    """A fresh drafter of the kind ``d`` declares (:func:`specdraft.kinds.detect_kind` for a
+    config without ``kind``). Raises TypeError/ValueError on an invalid config."""
+    home = kinds.get(kinds.detect_kind(d)).hooks()
+    return home.model(home.config_from_dict(d))
+
+
+def load_drafter(path: str | Path, *, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> Drafter:
+    """Load a drafter directory written by :func:`specdraft.models.io.save_drafter` (strict:
+    no missing or extra key).
+
+    Raises FileNotFoundError naming the missing file, :class:`InputError` naming the file when
+    the config is not a JSON drafter config or the weights are not safetensors (nothing is
+    ever unpickled), RuntimeError on key mismatch.
+    """
+    path = Path(path)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (path / name).exists():
+            raise FileNotFoundError(f"{path / name} not found: not a specdraft drafter directory")
+    raw = read_json(path / CONFIG_FILE, what="drafter config")
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError(f"expected a JSON object, got {type(raw).__name__}")
+        model = drafter_from_dict(raw)
+    except (TypeError, ValueError, AttributeError, InputError) as err:
+        raise InputError(f"{path / CONFIG_FILE}: not a valid drafter config "
+                         f"({clip(str(err), 200)})") from None
+    state = load_tensors(path / WEIGHTS_FILE)
+    model.load_state_dict(state, strict=True)
     return model.to(device=device, dtype=dtype).eval()

@@ -11,25 +11,22 @@ every problem (:func:`specdraft.artifacts.validate.check_export` and the binding
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdraft.artifacts.drafter import EXPORT_CONFIG, EXPORT_WEIGHTS, DrafterOnDisk, \
-    is_dflash_drafter
-from specdraft.artifacts.formats import FORMAT_SPECS, build_config, rename
+from specdraft import kinds
+from specdraft.artifacts.drafter import EXPORT_CONFIG, EXPORT_WEIGHTS, DrafterOnDisk
+from specdraft.artifacts.formats import FORMAT_SPECS, rename
 from specdraft.artifacts.layout import RunLayout
-from specdraft.artifacts.validate import ExportRefused, check_export
 from specdraft.artifacts.verifier_contract import run_verifier
 from specdraft.core.atomic import atomic_dir, atomic_write_json
 from specdraft.core.errors import ConfigError
 from specdraft.core.manifest import MANIFEST, input_hash, load_stage_manifest
 from specdraft.core.profile import VerifierProfile
-from specdraft.core.verifier_identity import drafter_identity
-from specdraft.models.eagle3 import Eagle3Config
 
 
 @dataclass(frozen=True)
@@ -52,8 +49,9 @@ class ExportRequest:
 @dataclass
 class Candidate:
     """A validated export in memory: ``config`` (config.json), ``tensors`` (under the format's
-    names), the facts it was checked against, the drafter's verifier profile and identity, and
-    the binding to ``--verifier``."""
+    names), the facts it was checked against, the drafter's verifier profile and identity, the
+    binding to ``--verifier``, and where ``config.json`` tells an engine which verifier layers to
+    capture (``engine_aux_ids``: key -> ids, as the kind writes them; the export manifest's)."""
 
     config: dict[str, Any]
     tensors: dict[str, torch.Tensor]
@@ -61,6 +59,7 @@ class Candidate:
     profile: VerifierProfile | None
     identity: dict[str, Any] | None
     binding: dict[str, Any] | None
+    engine_aux_ids: dict[str, Any] = field(default_factory=dict)
 
 
 def upstream_facts(config: ExportRequest) -> dict[str, Any]:
@@ -115,7 +114,7 @@ def _online_ids(run_dir: Path) -> list[int] | None:
     return [int(i) for i in train.drafter_config.get("aux_layer_ids") or []] or None
 
 
-def missing_facts(config: ExportRequest, trained: dict[str, torch.Tensor], c: Eagle3Config,
+def missing_facts(config: ExportRequest, trained: dict[str, torch.Tensor], c: Any,
                   facts: dict[str, Any]) -> list[str]:
     """The facts an export must be checked against and that are unknown, each with how to
     supply it: the aux ids used at extraction, the verifier's layer count, and the verifier's
@@ -164,7 +163,7 @@ def _verifier_facts(verifier: str, facts: dict[str, Any], trust_remote_code: boo
     facts["architectures"] = list(getattr(hf, "architectures", None) or [])
 
 
-def drafter_profile(c: Eagle3Config, facts: dict[str, Any]) -> VerifierProfile | None:
+def drafter_profile(c: Any, facts: dict[str, Any]) -> VerifierProfile | None:
     """The verifier profile the drafter was built from (its config's, else the extraction's)."""
     if c.verifier_profile is not None:
         return VerifierProfile.from_dict(c.verifier_profile, source="drafter config "
@@ -188,27 +187,6 @@ def profile_problems(config: ExportRequest, profile: VerifierProfile | None,
                             f"{'; '.join(diff)} (mine != theirs); the drafter was built for "
                             f"another verifier: retrain it for this one")
     return problems
-
-
-def mla_problems(c: Eagle3Config, verifier: VerifierProfile | None) -> list[str]:
-    """An MLA drafter's latent and rope widths and rotary against the verifier's
-    (``--verifier``): :meth:`specdraft.models.eagle3_mla.Eagle3MLAConfig.from_profile` copies them
-    from the verifier, so a difference means a drafter shaped for another verifier or an edited
-    config; each field named with both values."""
-    if getattr(c, "draft_layer", None) != "mla" or verifier is None:
-        return []
-    m = verifier.mla
-    if m is None:
-        return [f"an MLA drafter, but the verifier ({verifier.model_type}) has no MLA "
-                f"(kv_lora_rank): serve an MLA drafter only on an MLA verifier; train "
-                f"--drafter-layer llama for this one"]
-    pairs = [(f, getattr(c, f), getattr(m, f)) for f in
-             ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")]
-    rope = verifier.rotary.rope_parameters()
-    pairs.append(("rope", c.rope_parameters(), rope))
-    return [f"the MLA drafter's {f} is {mine!r}, the verifier's {theirs!r}: it was shaped for "
-            f"another verifier; retrain it (train --drafter-layer mla) against this one"
-            for f, mine, theirs in pairs if mine != theirs]
 
 
 def identity_problems(config: ExportRequest, identity: dict[str, Any] | None,
@@ -249,19 +227,15 @@ def export_tensors(fmt: str, trained: dict[str, torch.Tensor], embed: torch.Tens
     return rename(state, FORMAT_SPECS[fmt].rename)
 
 
-def _drop_t2d(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The MLA layout vLLM serves has no ``t2d`` (:func:`specdraft.models.eagle3_mla.vllm_checkpoint`)."""
-    return {k: v for k, v in tensors.items() if k != "t2d"}
-
-
 def embed_problems(config: ExportRequest, trained: dict[str, torch.Tensor],
                    verifier_embed: torch.Tensor | None) -> list[str]:
     """A trained embedding that is not the verifier's means the drafter was trained on the wrong
     inputs; ``--embed copy`` needs the verifier's embedding."""
     problems = []
     own = trained.get("embed_tokens.weight")
-    if own is not None and verifier_embed is not None and \
-            (own.shape != verifier_embed.shape or not torch.equal(own, verifier_embed.to(own.dtype))):
+    if own is not None and verifier_embed is not None and (
+            own.shape != verifier_embed.shape or
+            not torch.equal(own, verifier_embed.to(own.dtype))):
         problems.append("the trained state's embed_tokens.weight is not the verifier's embedding "
                         "(random init or another model): the drafter was trained on inputs the "
                         "engines will not give it; retrain with the verifier's embedding")
@@ -271,101 +245,15 @@ def embed_problems(config: ExportRequest, trained: dict[str, torch.Tensor],
     return problems
 
 
-def candidate(config: ExportRequest, c: Eagle3Config, trained: dict[str, torch.Tensor],
-              facts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config.json, tensors) of the export, in memory."""
-    embed = facts["embed"] if config.embed != "omit" else None
-    if c.draft_layer == "mla":  # one layout, vLLM's (check_mla_config refuses other formats)
-        from specdraft.models.eagle3_mla import vllm_config
-
-        cfg = vllm_config(c)
-    else:
-        cfg = build_config(config.format, c, verifier_name=facts["verifier_name"] or "",
-                           verifier_architectures=facts["architectures"],
-                           speculative_tokens=config.speculative_tokens)
-    if config.dtype != "auto":
-        cfg["torch_dtype"] = config.dtype
-    else:
-        first = next(v for v in trained.values() if v.is_floating_point())
-        cfg["torch_dtype"] = str(first.dtype).removeprefix("torch.")
-    tensors = export_tensors(config.format, trained, embed, config.dtype)
-    return cfg, _drop_t2d(tensors) if c.draft_layer == "mla" else tensors
-
-
 def validated_candidate(config: ExportRequest, src: DrafterOnDisk) -> Candidate:
-    """The export of ``src`` as ``config`` asks, with every check run.
+    """The export of ``src`` as ``config`` asks, with every check run: the upstream facts
+    (:func:`upstream_facts`), then the candidate and its checks by ``src``'s kind (its home's
+    ``export_candidate``: :mod:`specdraft.kinds`).
 
-    Raises :class:`ExportRefused` listing every problem (nothing is written by this function),
-    :class:`ConfigError` for ``--aux-layers`` contradicting the extraction, :class:`InputError`
-    for a malformed upstream manifest."""
-    facts = upstream_facts(config)
-    if is_dflash_drafter(src):
-        return dflash_candidate(config, src, facts)
-    cfg, tensors = candidate(config, src.config, src.state, facts)
-    profile = drafter_profile(src.config, facts)
-    problems = missing_facts(config, src.state, src.config, facts)
-    problems += profile_problems(config, profile, facts)
-    problems += mla_problems(src.config, facts["verifier_profile"])
-    identity = drafter_identity(src.path, src.config) or facts["extract_identity"]
-    more, binding = identity_problems(config, identity, facts)
-    problems += more
-    problems += embed_problems(config, src.state, facts["embed"])
-    problems += check_export(config.format, cfg, tensors, src.config, trained=src.state,
-                             verifier_embed=facts["embed"], extract_ids=facts["extract_ids"],
-                             n_layers=facts["n_layers"])
-    if problems:
-        raise ExportRefused(problems)
-    return Candidate(cfg, tensors, facts, profile, identity, binding)
-
-
-def dflash_candidate(config: ExportRequest, src: DrafterOnDisk, facts: dict[str, Any]
-                     ) -> Candidate:
-    """The export of a DFlash drafter: vLLM's native format only
-    (:mod:`specdraft.artifacts.dflash_export`), checked against the same facts as an EAGLE-3
-    export (the run's aux ids = ``target_layer_ids + 1``, the verifier's layer count, embedding,
-    profile and identity) and read back as vLLM reads it. The frozen tables are never written
-    (vLLM shares the verifier's). Raises :class:`ExportRefused` listing every problem."""
-    from specdraft.artifacts.dflash_export import engine_config, export_problems
-    from specdraft.models.dflash import DFlashDraftModel
-
-    c = src.config
-    problems = []
-    if config.format != "vllm":
-        problems.append(f"--format {config.format}: a DFlash drafter has one engine format, "
-                        f"vLLM's native DFlash (--format vllm); SGLang does not load it")
-    ids = list(c.aux_layer_ids)
-    if facts["extract_ids"] is not None and ids != facts["extract_ids"]:
-        problems.append(f"the drafter reads HF hidden_states {ids} (target_layer_ids "
-                        f"{list(c.target_layer_ids)} + 1) but the run extracted aux ids "
-                        f"{facts['extract_ids']}: it was trained on other layers; retrain it "
-                        f"on this run")
-    if facts["n_layers"] is not None and facts["n_layers"] != c.target_num_layers:
-        problems.append(f"the drafter was built for a {c.target_num_layers}-layer verifier, "
-                        f"the verifier has {facts['n_layers']}")
-    profile = drafter_profile(c, facts)
-    problems += profile_problems(config, profile, facts)
-    identity = drafter_identity(src.path, c) or facts["extract_identity"]
-    more, binding = identity_problems(config, identity, facts)
-    problems += more + embed_problems(config, src.state, facts["embed"])
-    head = facts.get("head")
-    own = src.state.get("lm_head.weight")
-    if own is not None and head is not None and \
-            (own.shape != head.shape or not torch.equal(own, head.to(own.dtype))):
-        problems.append("the trained state's lm_head.weight is not the verifier's head: the "
-                        "drafter was trained to read out with another head than vLLM shares")
-    model = DFlashDraftModel(c)
-    missing, unexpected = model.load_state_dict(src.state, strict=False)
-    missing = [m for m in missing if not m.startswith(("rotary.", "embed_tokens.", "lm_head."))]
-    if missing or unexpected:
-        problems.append(f"tensors missing {missing}, unexpected {unexpected}")
-    dtype = model.fc.weight.dtype if config.dtype == "auto" else getattr(torch, config.dtype)
-    tensors = {k: v.detach().to(dtype).cpu().contiguous()
-               for k, v in model.checkpoint_state().items()}
-    cfg = engine_config(c, dtype)
-    problems += export_problems(model, cfg, tensors)
-    if problems:
-        raise ExportRefused(problems)
-    return Candidate(cfg, tensors, facts, profile, identity, binding)
+    Raises :class:`~specdraft.artifacts.validate.ExportRefused` listing every problem (nothing
+    is written by this function), :class:`ConfigError` for ``--aux-layers`` contradicting the
+    extraction, :class:`InputError` for a malformed upstream manifest."""
+    return kinds.of(src).hooks().export_candidate(config, src, upstream_facts(config))
 
 
 @contextmanager

@@ -1,8 +1,8 @@
 """Validation of an export before anything is written: every problem is collected, then refused.
 
 The *format manifest* (:func:`required_keys`, :func:`expected_tensors`) lists, per format, the
-``config.json`` keys the engine reads and every tensor with its shape and dtype. :func:`check_export`
-compares a candidate ``(config.json, tensors)`` against it and against the facts of the run:
+``config.json`` keys the engine reads and every tensor with its shape and dtype.
+:func:`check_export` compares a candidate ``(config.json, tensors)`` against it and against the facts of the run:
 
 - fc input = n_aux × target hidden, and equal to the width the engine derives from config.json;
 - ``lm_head`` rows = draft vocab K; ``d2t`` int64 [K] with ``arange(K) + d2t`` strictly increasing
@@ -69,17 +69,12 @@ def required_keys(fmt: str) -> tuple[str, ...]:
 def expected_tensors(fmt: str, c: Eagle3Config, *, with_embed: bool
                      ) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
     """Name -> (shape, dtype or None for "any float") of every tensor of the export."""
-    H, kv = c.hidden_size, c.num_key_value_heads * c.head_dim
-    q, I, K, V = c.num_attention_heads * c.head_dim, c.intermediate_size, c.draft_vocab_size, \
-        c.vocab_size
+    H, I, K, V = c.hidden_size, c.intermediate_size, c.draft_vocab_size, c.vocab_size
     ours = {
         "fc.weight": (H, c.n_aux * c.target_hidden_size),
         "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
         "midlayer.post_attention_layernorm.weight": (H,),
-        "midlayer.self_attn.q_proj.weight": (q, 2 * H),
-        "midlayer.self_attn.k_proj.weight": (kv, 2 * H),
-        "midlayer.self_attn.v_proj.weight": (kv, 2 * H),
-        "midlayer.self_attn.o_proj.weight": (H, q),
+        **c.attention_shapes(),  # the draft layer's own (Llama, Qwen3 q/k norms, MLA)
         "midlayer.mlp.gate_proj.weight": (I, H), "midlayer.mlp.up_proj.weight": (I, H),
         "midlayer.mlp.down_proj.weight": (H, I), "norm.weight": (H,), "lm_head.weight": (K, H),
     }
@@ -87,49 +82,15 @@ def expected_tensors(fmt: str, c: Eagle3Config, *, with_embed: bool
         ours["input_norm.weight"] = (c.n_aux * c.target_hidden_size,)
     if c.fc_norm:  # one norm per aux chunk
         ours.update({f"fc_norm.{i}.weight": (c.target_hidden_size,) for i in range(c.n_aux)})
-    if c.draft_layer == "qwen3":  # per-head q/k norms
-        ours.update({f"midlayer.self_attn.{n}_norm.weight": (c.head_dim,) for n in "qk"})
-    if c.draft_layer == "mla":  # models/eagle3_mla.py MLAAttention, the names vLLM loads
-        ours = {n: shape for n, shape in ours.items()
-                if not n.startswith("midlayer.self_attn.")}
-        ours.update(_mla_attention(c))
     spec: dict[str, tuple[tuple[int, ...], torch.dtype | None]] = {
         n: (s, None) for n, s in ours.items()}
     spec["d2t"] = ((K,), torch.int64)
-    if c.draft_layer != "mla":  # the MLA layout has no t2d (d2t's image; models/eagle3_mla.py)
+    if c.export_t2d:  # the MLA layout has no t2d (d2t's image; models/eagle3_mla.py)
         spec["t2d"] = ((V,), torch.bool)
     if with_embed:
         spec["embed_tokens.weight"] = ((V, H), None)
     mapping = FORMAT_SPECS[fmt].rename
     return {_renamed(n, mapping): v for n, v in spec.items()}
-
-
-def _mla_attention(c: Any) -> dict[str, tuple[int, ...]]:
-    """Shapes of the MLA attention's tensors (low-rank query when ``q_lora_rank`` is set)."""
-    h, wide, qk = c.num_attention_heads, 2 * c.hidden_size, c.head_dim
-    at = "midlayer.self_attn."
-    out = {at + "q_proj.weight": (h * qk, wide)} if c.q_lora_rank is None else {
-        at + "q_a_proj.weight": (c.q_lora_rank, wide), at + "q_a_layernorm.weight": (c.q_lora_rank,),
-        at + "q_b_proj.weight": (h * qk, c.q_lora_rank)}
-    out.update({at + "kv_a_proj_with_mqa.weight": (c.kv_lora_rank + c.qk_rope_head_dim, wide),
-                at + "kv_a_layernorm.weight": (c.kv_lora_rank,),
-                at + "kv_b_proj.weight": (h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
-                at + "o_proj.weight": (c.hidden_size, h * c.v_head_dim)})
-    return out
-
-
-def check_mla_config(fmt: str, cfg: dict[str, Any], c: Any) -> list[str]:
-    """The MLA drafter's ``config.json``: vLLM's MLA drafter class, and every width and
-    computation field it reads equal to the drafter's (``deepseek_eagle3.py``); vLLM only: SGLang
-    and speculators load the Llama/Qwen3 layer."""
-    from specdraft.models.eagle3_mla import VLLM_MLA_ARCH, vllm_config
-
-    if fmt != "vllm":
-        return [f"--format {fmt}: the MLA drafter is served by vLLM only "
-                f"({VLLM_MLA_ARCH}); export it with --format vllm"]
-    want = vllm_config(c, cfg.get("torch_dtype", "float32"))
-    return [f"config.json {k}: {cfg.get(k)!r}, the drafter's is {v!r}" for k, v in want.items()
-            if cfg.get(k) != v]
 
 
 def _renamed(name: str, mapping: dict[str, str]) -> str:
@@ -236,8 +197,8 @@ def check_fc(fmt: str, cfg: dict[str, Any], c: Eagle3Config, tensors: dict[str, 
         return problems
     if read != want:
         problems.append(f"the {fmt} loader builds fc with input width {read} from config.json, "
-                        f"the checkpoint has {want} ({c.n_aux} aux layers x {c.target_hidden_size});"
-                        f" vLLM and SGLang (llama_eagle3.py) only load 3 aux layers — use "
+                        f"the checkpoint has {want} ({c.n_aux} aux layers x "
+                        f"{c.target_hidden_size}); vLLM and SGLang (llama_eagle3.py) only load 3 aux layers — use "
                         f"--format speculators or train with 3 aux layers")
     return problems
 
@@ -280,11 +241,11 @@ def check_export(fmt: str, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]
                  verifier_embed: torch.Tensor | None, extract_ids: list[int] | None,
                  n_layers: int | None) -> list[str]:
     """Every problem of a candidate export (empty list = safe to write). See module doc."""
-    if c.draft_layer == "mla":  # its own config layout; the tensors, ids and vocab as below
-        problems = check_mla_config(fmt, cfg, c)
-        if problems:
-            return problems
-        problems += check_tensors(fmt, c, tensors) + check_fc(fmt, cfg, c, tensors)
+    own = c.layout_problems(fmt, cfg)  # a layer with a layout of its own (MLA: vLLM's)
+    if own:
+        return own
+    if own is not None:  # its own layout checked; the tensors, ids and vocab as below
+        problems = check_tensors(fmt, c, tensors) + check_fc(fmt, cfg, c, tensors)
     else:
         problems = check_config_keys(fmt, cfg)
         problems += check_tensors(fmt, c, tensors)
@@ -295,7 +256,7 @@ def check_export(fmt: str, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]
     if head is not None and head.shape[0] != c.draft_vocab_size:
         problems.append(f"lm_head.weight has {head.shape[0]} rows, draft vocab is "
                         f"{c.draft_vocab_size}")
-    t2d = tensors.get("t2d") if c.draft_layer != "mla" else trained.get("t2d")
+    t2d = tensors.get("t2d") if c.export_t2d else trained.get("t2d")
     problems += vocab_map_problems(tensors.get("d2t"), t2d, c.draft_vocab_size, c.vocab_size)
     problems += check_aux_ids(fmt, cfg, c, extract_ids, n_layers)
     problems += check_provenance(fmt, tensors, trained, verifier_embed)

@@ -1,4 +1,5 @@
-"""``specdraft train``: train an EAGLE-3 drafter on ``RUN/extract`` (or online) and ``RUN/vocab``."""
+"""``specdraft train``: train a drafter of the kind ``--drafter`` names (:mod:`specdraft.kinds`)
+on ``RUN/extract`` (or online) and ``RUN/vocab``."""
 
 from __future__ import annotations
 
@@ -23,5 +24,5 @@ def _echo(manifest: TrainManifest, cfg: TrainConfig) -> None:
 command = stage_command(
     TrainConfig, verb="train", run="specdraft.train.run:run", echo=_echo,
     names={"online": ("--online/--offline",)},
-    help="Train the drafter (TTT objective); writes RUN/train/{best,last,checkpoints,"
-         "metrics.jsonl}.")
+    help="Train the drafter (its kind's objective: EAGLE-3's TTT unroll, DFlash's blocks); "
+         "writes RUN/train/{best,last,checkpoints,metrics.jsonl}.")

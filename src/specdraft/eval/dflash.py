@@ -13,7 +13,8 @@ outputs and the block is recomputed from them at each step (the same values vLLM
 
 from __future__ import annotations
 
-from typing import Sequence
+import sys
+from typing import Any, Sequence
 
 import torch
 
@@ -56,8 +57,8 @@ class BatchDFlashDrafter:
     """:class:`~specdraft.eval.batch.BatchDrafter` of a DFlash model: each row keeps its context
     states (a :class:`DFlashDrafter`), and one forward drafts every row's block. Rows are
     right-padded to the longest context; row ``b``'s block is anchored at its own length
-    ``T_b``, so its queries see columns ``t < T_b`` only (:func:`~specdraft.models.dflash.block_mask`)
-    and padding is never attended: the same block as :func:`~specdraft.models.dflash.draft_block`
+    ``T_b``, so its queries see columns ``t < T_b`` only
+    (:func:`~specdraft.models.dflash.block_mask`) and padding is never attended: the same block as :func:`~specdraft.models.dflash.draft_block`
     alone, up to the float reduction order of the batched matmuls."""
 
     def __init__(self, model: DFlashDraftModel) -> None:
@@ -107,7 +108,8 @@ def decode(verifier, model: DFlashDraftModel, prompts: Sequence[Sequence[int]], 
            drafts: list[list[list[int]]] | None = None) -> list[Generation]:
     """Greedy (temperature 0) speculative decoding of each prompt (token ids) with the HF
     ``verifier`` and ``model``, one prompt at a time; the verifier's states are read at the
-    drafter's ``target_layer_ids + 1`` (:meth:`~specdraft.models.dflash.DFlashConfig.hf_hidden_ids`).
+    drafter's ``target_layer_ids + 1``
+    (:meth:`~specdraft.models.dflash.DFlashConfig.hf_hidden_ids`).
     ``drafts``, when given, receives each prompt's drafts per verify step ([steps][k])."""
     ids = model.config.hf_hidden_ids()
     out = []
@@ -118,3 +120,32 @@ def decode(verifier, model: DFlashDraftModel, prompts: Sequence[Sequence[int]], 
         if drafts is not None:
             drafts.append(drafter.proposed)
     return out
+
+
+def decode_offline(config: Any, verifier: Any, model: Any, prompt_ids: list[list[int]],
+                   eos: list[int]) -> list[Any]:
+    """The DFlash kind's offline decoder (:func:`specdraft.eval.run.decode` for an
+    :class:`~specdraft.eval.config.EvalConfig` ``config``): one block of ``k`` mask slots per
+    verify step, greedy; ``--batch-size`` prompts per verifier forward as for EAGLE-3
+    (:func:`~specdraft.eval.batch.generate_batch`, same tokens and counts). Raises
+    :class:`ConfigError` for what vLLM does not serve with DFlash: a tree, a serve-plan sweep,
+    temperature > 0 (greedy drafting only, said by the drafter)."""
+    from specdraft.eval.batch import BatchVerifier, generate_batch
+
+    if config.tree or config.sweep is not None:
+        raise ConfigError("--topk / --num-draft-tokens / --sweep: a DFlash drafter drafts one "
+                          "block, a chain of k; vLLM serves no DFlash tree")
+    if config.k != model.config.block_size - 1:
+        print(f"eval: warning: k = {config.k} but the DFlash drafter was trained for blocks of "
+              f"{model.config.block_size} (k = {model.config.block_size - 1}): measured and "
+              f"served as asked, with fewer or more mask slots than trained", file=sys.stderr)
+    aux = list(model.config.aux_layer_ids)
+    gens = [torch.Generator().manual_seed(config.seed + i) for i in range(len(prompt_ids))]
+    common = {"k": config.k, "max_new_tokens": config.max_new_tokens,
+              "temperature": config.temperature, "eos_ids": eos}
+    if config.batch_size > 1:
+        return generate_batch(BatchVerifier(verifier, aux), BatchDFlashDrafter(model),
+                              prompt_ids, batch_size=config.batch_size, generators=gens,
+                              **common)
+    return [generate(VerifierSession(verifier, aux), DFlashDrafter(model), ids, generator=g,
+                     **common) for ids, g in zip(prompt_ids, gens)]

@@ -145,14 +145,16 @@ def engine_version(out: dict[str, Any]) -> str:
 
 def engine_drafter(config: Any, out: Path) -> Path:
     """The exported directory the engine loads: ``engine_drafter``, else the eval's drafter when
-    it is an export, else the run's export of that drafter, else a fresh ``sglang`` export of it
-    (``vllm`` for the MLA drafter) into ``OUT/engine-drafter`` (validated as ``specdraft export``
-    validates, against ``--run-dir``'s extraction: :mod:`specdraft.artifacts.export`; raises its
+    it is an export, else the run's export of that drafter, else a fresh export of it in its
+    kind's engine format (``sglang``; ``vllm`` for DFlash and the MLA layer) into
+    ``OUT/engine-drafter`` (validated as ``specdraft export`` validates, against
+    ``--run-dir``'s extraction: :mod:`specdraft.artifacts.export`; raises its
     :class:`~specdraft.artifacts.validate.ExportRefused` for a drafter of other aux ids)."""
-    from specdraft.core.manifest import read_manifest
+    from specdraft import kinds
+    from specdraft.artifacts.drafter import read_drafter
     from specdraft.artifacts.layout import RunLayout
+    from specdraft.core.manifest import read_manifest
     from specdraft.eval.config import drafter_dir
-    from specdraft.artifacts.drafter import is_dflash_drafter, read_drafter
 
     if config.engine_drafter is not None:
         return Path(config.engine_drafter)
@@ -169,9 +171,9 @@ def engine_drafter(config: Any, out: Path) -> Path:
     # checked as `specdraft export` checks it, against the run's own record (RUN/extract's aux
     # ids, the run's profile and identity); only without a run are the drafter's ids the facts
     drafter = read_drafter(src)
-    vllm_only = is_dflash_drafter(drafter) or drafter.config.draft_layer == "mla"
     request = ExportRequest(verifier=config.verifier, speculative_tokens=config.k,
-                            run_dir=config.run_dir, format="vllm" if vllm_only else "sglang",
+                            run_dir=config.run_dir,
+                            format=kinds.of(drafter).hooks().engine_format(drafter.config),
                             aux_layers=None if config.run_dir else
                             tuple(drafter.config.aux_layer_ids))
     with write_export(target, validated_candidate(request, drafter)):
@@ -182,19 +184,18 @@ def engine_drafter(config: Any, out: Path) -> Path:
 def doctor_hints(config: Any, drafter: Path, verifier: Any) -> list[str]:
     """The doctor's failing checks (name: fix) for the engine's drafter, plus the usual causes
     of an offline/engine gap when every check passes."""
+    from specdraft import kinds
     from specdraft.artifacts.checks import check_drafter
-    from specdraft.artifacts.drafter import is_dflash_drafter, read_drafter
+    from specdraft.artifacts.drafter import read_drafter
 
-    if is_dflash_drafter(read_drafter(drafter)):
-        return ["DFlash drafter: the usual causes are dtype (rerun with --dtype float32) and the "
-                "CPU build's rms_norm bug (engine_fixes in results.json says whether it was "
-                "worked around)"]
+    d = read_drafter(drafter)
+    home = kinds.of(d).hooks()
+    if home.doctor(d) is not None:  # the doctor's checks are not this kind's
+        return home.engine_hints()
     report = check_drafter(drafter, config.verifier, verifier=verifier)
     hints = [f"doctor {c['name']}: {c['detail']} -> {c['fix']}" for c in report["checks"]
              if not c["ok"]]
-    return hints or ["doctor: every check passes; the usual causes are dtype (bf16 rounds argmax "
-                     "ties differently from float32), GPU kernels and batch composition: rerun "
-                     "with --dtype float32, or raise --engine-tolerance"]
+    return hints or home.engine_hints()
 
 
 def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list[list[int]],

@@ -245,6 +245,10 @@ def fix_cpu_grouped_rms_norm() -> list[str]:
     return [CPU_GROUPED_RMS_NORM_FIX]
 
 
+#: vLLM ``speculative_config.method`` -> the CPU-build fix of the models that method runs.
+METHOD_FIXES = {"dflash": fix_cpu_grouped_rms_norm}
+
+
 def main(argv: list[str]) -> int:
     job_path, out_path = argv[1], argv[2]
     with open(job_path) as f:
@@ -253,8 +257,8 @@ def main(argv: list[str]) -> int:
     import vllm
 
     fixes = fix_cpu_expand()
-    if any(r.get("method") == "dflash" for r in job["runs"]):  # the only model it changes
-        fixes += fix_cpu_grouped_rms_norm()
+    for method in sorted({r.get("method") for r in job["runs"]} & set(METHOD_FIXES)):
+        fixes += METHOD_FIXES[method]()  # the vLLM models of that method it patches
     results = [run_one(job, r) for r in job["runs"]]
     out = {"engine": "vllm", "version": vllm.__version__, "torch": torch.__version__,
            "device": "cuda" if torch.cuda.is_available() else "cpu", "engine_fixes": fixes,

@@ -126,12 +126,20 @@ def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[
     (:func:`~specdraft.eval.specdec.generate`) or, with ``--batch-size`` > 1,
     :func:`~specdraft.eval.batch.generate_batch` (same tokens and counts). Prompt i samples
     with its own generator seeded ``seed + i``, so the batch size does not change the draws."""
+    from specdraft import kinds
+
+    return kinds.resolve(kinds.of(model).decoder)(config, verifier, model, prompt_ids, eos)
+
+
+def decode_eagle3(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[int]],
+                  eos: list[int]) -> list[Any]:
+    """:func:`decode` for an EAGLE-3 drafter (the kind's offline decoder,
+    :mod:`specdraft.kinds`): a tree with ``--topk``/``--num-draft-tokens``
+    (:func:`specdraft.eval.plan.decode_setting`), else the chain of ``k`` drafts per step."""
     from specdraft.eval.batch import BatchEagleDrafter, BatchVerifier, generate_batch
     from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
 
     aux = model.config.aux_layer_ids
-    if is_dflash_model(model):
-        return decode_dflash(config, verifier, model, prompt_ids, eos)
     if config.tree:
         from specdraft.eval.plan import decode_setting
         from specdraft.eval.shapes import Setting
@@ -148,43 +156,6 @@ def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[
                               prompt_ids, batch_size=config.batch_size, generators=gens,
                               **common)
     return [generate(VerifierSession(verifier, aux), EagleDrafter(model), ids, generator=g,
-                     **common) for ids, g in zip(prompt_ids, gens)]
-
-
-def is_dflash_model(model: Any) -> bool:
-    from specdraft.models.dflash import DFlashDraftModel
-
-    return isinstance(model, DFlashDraftModel)
-
-
-def decode_dflash(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[int]],
-                  eos: list[int]) -> list[Any]:
-    """:func:`decode` for a DFlash drafter (:mod:`specdraft.eval.dflash`): one block of ``k``
-    mask slots per verify step, greedy; ``--batch-size`` prompts per verifier forward as for
-    EAGLE-3 (:func:`~specdraft.eval.batch.generate_batch`, same tokens and counts). Raises :class:`ConfigError` for what vLLM does
-    not serve with DFlash: a tree, a serve-plan sweep, temperature > 0 (greedy drafting only,
-    said by the drafter)."""
-    from specdraft.core.errors import ConfigError
-    from specdraft.eval.batch import BatchVerifier, generate_batch
-    from specdraft.eval.dflash import BatchDFlashDrafter, DFlashDrafter
-    from specdraft.eval.specdec import VerifierSession, generate
-
-    if config.tree or config.sweep is not None:
-        raise ConfigError("--topk / --num-draft-tokens / --sweep: a DFlash drafter drafts one "
-                          "block, a chain of k; vLLM serves no DFlash tree")
-    if config.k != model.config.block_size - 1:
-        print(f"eval: warning: k = {config.k} but the DFlash drafter was trained for blocks of "
-              f"{model.config.block_size} (k = {model.config.block_size - 1}): measured and "
-              f"served as asked, with fewer or more mask slots than trained", file=sys.stderr)
-    aux = list(model.config.aux_layer_ids)
-    gens = [torch.Generator().manual_seed(config.seed + i) for i in range(len(prompt_ids))]
-    common = {"k": config.k, "max_new_tokens": config.max_new_tokens,
-              "temperature": config.temperature, "eos_ids": eos}
-    if config.batch_size > 1:
-        return generate_batch(BatchVerifier(verifier, aux), BatchDFlashDrafter(model),
-                              prompt_ids, batch_size=config.batch_size, generators=gens,
-                              **common)
-    return [generate(VerifierSession(verifier, aux), DFlashDrafter(model), ids, generator=g,
                      **common) for ids, g in zip(prompt_ids, gens)]
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 
+from specdraft import kinds
 from specdraft.core.config import StageConfig, parse_layer_ids
 
 
@@ -43,6 +44,15 @@ class ExportConfig(StageConfig):
     trust_remote_code: bool = Field(False, description="Allow --verifier's own code (a "
                                                        "config.json auto_map).")
     overwrite: bool = Field(False, description="Replace the output directory.")
+
+    @field_validator("format", mode="wrap")
+    @classmethod
+    def _kind_format(cls, value: object, handler: ValidatorFunctionWrapHandler) -> str:
+        """The flag's choices are the built-in kinds' formats; a format of a kind registered
+        from outside (:func:`specdraft.kinds.register`) is accepted from a config as well."""
+        if isinstance(value, str) and any(value in k.formats for k in kinds.KINDS.values()):
+            return value
+        return handler(value)
 
     @field_validator("aux_layers", mode="before")
     @classmethod

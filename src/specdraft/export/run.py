@@ -75,20 +75,10 @@ def run(config: ExportConfig, ctx: StageContext | None = None) -> ExportManifest
                "aux_layer_ids": list(src.config.aux_layer_ids), "aux_convention": AUX_CONVENTION,
                "verifier_profile": profile.to_dict() if profile is not None else None,
                "verifier_identity": identity, "verifier_binding": binding,
-               "engine_aux_ids": engine_aux_ids(cfg),
+               "engine_aux_ids": c.engine_aux_ids,
                "embed_tokens": "verifier copy" if "embed_tokens.weight" in tensors or
                "layers.0.embed_tokens.weight" in tensors else "omitted (engines share the "
                "verifier's)", "checked": "all export checks passed"})
-
-
-def engine_aux_ids(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Where the export's ``config.json`` tells an engine which verifier layers to capture: the
-    EAGLE-3 keys (top level, ``eagle_config``), or DFlash's ``dflash_config.target_layer_ids``
-    (layer-output ids; vLLM captures id + 1)."""
-    if "dflash_config" in cfg:
-        return {"dflash_config.target_layer_ids": cfg["dflash_config"].get("target_layer_ids")}
-    return {"top_level": cfg.get("eagle_aux_hidden_state_layer_ids"),
-            "eagle_config": (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")}
 
 
 def _earlier_exports(manifest_dir: Path) -> dict[str, dict[str, Any]]:

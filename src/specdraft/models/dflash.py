@@ -46,7 +46,7 @@ Model files never import ``torch.distributed``; parallelism is applied from outs
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +92,8 @@ class DFlashConfig:
     hidden_act: str = "silu"
     verifier_profile: dict[str, Any] | None = None
     verifier_identity: dict[str, Any] | None = None
+    #: the drafter kind (:mod:`specdraft.kinds`), written as ``"kind"`` by :meth:`to_dict`
+    kind: ClassVar[str] = "dflash"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -114,13 +116,19 @@ class DFlashConfig:
         return tuple(self.hf_hidden_ids())
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The fields, with the declared ``kind`` first (``drafter_config.json``)."""
+        d = {"kind": self.kind, **asdict(self)}
         d["target_layer_ids"] = list(self.target_layer_ids)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DFlashConfig":
-        """Strict: ValueError naming every key that is not a field."""
+        """Strict: ValueError naming every key that is not a field, or a ``kind`` other than
+        ``dflash`` (a config without it predates the field)."""
+        d = dict(d)
+        kind = d.pop("kind", cls.kind)
+        if kind != cls.kind:
+            raise ValueError(f"kind {kind!r}: not a DFlash drafter config")
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"DFlash drafter config key(s) {unknown}: specdraft does not "

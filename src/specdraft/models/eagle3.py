@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +100,12 @@ class Eagle3Config:
     attn_impl: str = "fused"
     verifier_profile: dict[str, Any] | None = None
     verifier_identity: dict[str, Any] | None = None
+    #: the drafter kind (:mod:`specdraft.kinds`), written as ``"kind"`` by :meth:`to_dict`
+    kind: ClassVar[str] = "eagle3"
+    #: an export of this layer holds ``t2d`` (the MLA layout does not: it is ``d2t``'s image)
+    export_t2d: ClassVar[bool] = True
+    #: the engines that load an export of this layer (SGLang's reading of the ids is checked)
+    served_by: ClassVar[tuple[str, ...]] = ("sglang", "vllm", "speculators")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
@@ -142,15 +148,38 @@ class Eagle3Config:
             rope["partial_rotary_factor"] = self.partial_rotary_factor
         return rope
 
+    def attention_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Checkpoint name -> shape of the draft layer's attention tensors (Llama; the Qwen3
+        layer adds per-head q/k norms, :data:`DRAFT_LAYERS`)."""
+        H, kv = self.hidden_size, self.num_key_value_heads * self.head_dim
+        q, at = self.num_attention_heads * self.head_dim, "midlayer.self_attn."
+        out = {at + "q_proj.weight": (q, 2 * H), at + "k_proj.weight": (kv, 2 * H),
+               at + "v_proj.weight": (kv, 2 * H), at + "o_proj.weight": (H, q)}
+        if DRAFT_LAYERS[self.draft_layer]:  # per-head q/k norms
+            out.update({f"{at}{n}_norm.weight": (self.head_dim,) for n in "qk"})
+        return out
+
+    def layout_problems(self, fmt: str, cfg: dict[str, Any]) -> list[str] | None:
+        """The problems of an exported ``config.json`` in a layout of this layer's own, or None
+        when the layer is written in the format table's layout
+        (:mod:`specdraft.artifacts.formats`), checked there."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The fields, with the declared ``kind`` first (``drafter_config.json``)."""
+        d = {"kind": self.kind, **asdict(self)}
         d["aux_layer_ids"] = list(self.aux_layer_ids)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Eagle3Config":
         """Strict: ValueError naming every key that is not a field (a field specdraft does
-        not implement must not be dropped silently)."""
+        not implement must not be dropped silently), or a ``kind`` other than this one's (a
+        config without it predates the field)."""
+        d = dict(d)
+        kind = d.pop("kind", cls.kind)
+        if kind != cls.kind:
+            raise ValueError(f"kind {kind!r}: not an {cls.kind} drafter config")
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"drafter config key(s) {unknown}: specdraft does not implement "
@@ -168,7 +197,8 @@ class Eagle3Config:
     @classmethod
     def from_profile(cls, profile: VerifierProfile, *, draft_vocab_size: int,
                      aux_layer_ids: tuple[int, ...], **overrides: Any) -> "Eagle3Config":
-        """The drafter's shape from the verifier's profile. Shape rules (docs/stages.md "The verifier profile and the drafter's shape"):
+        """The drafter's shape from the verifier's profile. Shape rules (docs/stages.md "The
+        verifier profile and the drafter's shape"):
 
         - one standard EAGLE-3 Llama-style layer over the verifier's ``hidden_size``, with its
           ``num_attention_heads``, ``num_key_value_heads`` and ``head_dim``; for an MLA verifier
@@ -206,8 +236,9 @@ class Eagle3Config:
 
     def rotary_config(self) -> LlamaConfig:
         """A LlamaConfig carrying only what transformers' rotary embedding reads."""
-        return LlamaConfig(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
-                           head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
+        return LlamaConfig(hidden_size=self.hidden_size,
+                           num_attention_heads=self.num_attention_heads, head_dim=self.head_dim,
+                           max_position_embeddings=self.max_position_embeddings,
                            rope_parameters=self.rope_parameters())
 
 
@@ -218,7 +249,8 @@ class Eagle3Config:
 DRAFT_LAYERS: dict[str, bool] = {"llama": False, "qwen3": True, "mla": False}
 
 # The fields of Eagle3Config that change what the drafter computes (not its shape), each written
-# explicitly by every export (specdraft.artifacts.formats) and read back by specdraft.artifacts.drafter.
+# explicitly by every export (specdraft.artifacts.formats) and read back by
+# specdraft.artifacts.drafter.
 COMPUTATION_FIELDS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
                       "draft_layer")
 
@@ -385,8 +417,8 @@ def _cuda_backward(d_out, q, k, v, out, saved, scale):
 
 #: The fused causal kernels that return their log-sum-exp, per device type: PyTorch's CPU flash
 #: kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``) and its CUDA memory-efficient
-#: kernel (``aten::_scaled_dot_product_efficient_attention``, which ``F.scaled_dot_product_attention``
-#: picks for float32). Both return the log-sum-exp as a non-differentiable output.
+#: kernel (``aten::_scaled_dot_product_efficient_attention``, which
+#: ``F.scaled_dot_product_attention`` picks for float32). Both return the log-sum-exp as a non-differentiable output.
 LSE_KERNELS: dict[str, LSEKernel] = {
     "cpu": LSEKernel(_cpu_forward, _cpu_backward, pad=1),
     "cuda": LSEKernel(_cuda_forward, _cuda_backward, pad=8),
@@ -622,7 +654,8 @@ class Eagle3DecoderLayer(nn.Module):
         self.mlp = Eagle3MLP(c)
 
     def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor):
-        """-> (x [B, T, 2H] = [input_layernorm(embeds); hidden_norm(hidden)], residual [B, T, H])."""
+        """-> (x [B, T, 2H] = [input_layernorm(embeds); hidden_norm(hidden)],
+        residual [B, T, H])."""
         normed = self.hidden_norm(hidden)
         residual = normed if self.c.norm_before_residual else hidden
         return torch.cat([self.input_layernorm(embeds), normed], dim=-1), residual

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +63,8 @@ class Eagle3MLAConfig(Eagle3Config):
     v_head_dim: int
     q_lora_rank: int | None = None
     draft_layer: str = "mla"
+    export_t2d: ClassVar[bool] = False
+    served_by: ClassVar[tuple[str, ...]] = ("vllm",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,6 +100,34 @@ class Eagle3MLAConfig(Eagle3Config):
                     v_head_dim=m.v_head_dim, draft_layer="mla")
         base.update(overrides)
         return cls.from_dict(base)
+
+    def attention_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of :class:`MLAAttention`'s tensors, the names vLLM loads (low-rank query when
+        ``q_lora_rank`` is set)."""
+        h, wide, qk = self.num_attention_heads, 2 * self.hidden_size, self.head_dim
+        at = "midlayer.self_attn."
+        out = {at + "q_proj.weight": (h * qk, wide)} if self.q_lora_rank is None else {
+            at + "q_a_proj.weight": (self.q_lora_rank, wide),
+            at + "q_a_layernorm.weight": (self.q_lora_rank,),
+            at + "q_b_proj.weight": (h * qk, self.q_lora_rank)}
+        out.update({
+            at + "kv_a_proj_with_mqa.weight": (self.kv_lora_rank + self.qk_rope_head_dim, wide),
+            at + "kv_a_layernorm.weight": (self.kv_lora_rank,),
+            at + "kv_b_proj.weight": (h * (self.qk_nope_head_dim + self.v_head_dim),
+                                      self.kv_lora_rank),
+            at + "o_proj.weight": (self.hidden_size, h * self.v_head_dim)})
+        return out
+
+    def layout_problems(self, fmt: str, cfg: dict[str, Any]) -> list[str]:
+        """The MLA drafter's ``config.json``: vLLM's MLA drafter class, and every width and
+        computation field it reads equal to the drafter's (``deepseek_eagle3.py``); vLLM only:
+        SGLang and speculators load the Llama/Qwen3 layer."""
+        if fmt != "vllm":
+            return [f"--format {fmt}: the MLA drafter is served by vLLM only "
+                    f"({VLLM_MLA_ARCH}); export it with --format vllm"]
+        want = vllm_config(self, cfg.get("torch_dtype", "float32"))
+        return [f"config.json {k}: {cfg.get(k)!r}, the drafter's is {v!r}"
+                for k, v in want.items() if cfg.get(k) != v]
 
     def deepseek_config(self) -> DeepseekV3Config:
         """A DeepseekV3Config carrying what the MLA rotary reads (rope over the rope dims)."""

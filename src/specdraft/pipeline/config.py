@@ -84,7 +84,7 @@ class PipelineConfig:
                                   f"{type(data[spec.name]).__name__}")
         sections = {spec.name: dict(data.get(spec.name) or {}) for spec in STAGES}
         _one_chat_format(sections, data.get("chat"), path)
-        _dflash_defaults(sections, path)
+        _kind_defaults(sections, path)
         _eval_the_export(sections, shared["run_dir"])
         wanted = set(STAGE_NAMES if selected is None else selected) | {
             name for name in STAGE_NAMES if data.get(name) is not None}
@@ -141,21 +141,16 @@ def _set_chat_value(section: dict[str, Any], field: str, value: Any) -> None:
     section[field] = value
 
 
-def _dflash_defaults(sections: dict[str, dict[str, Any]], path: str | Path) -> None:
-    """With ``train.drafter: dflash``: export in vLLM's DFlash format (the only one an engine
-    loads) and eval (and serve) ``k`` = the trained block size - 1, unless given; an explicit
-    other format is refused here, before any stage runs."""
-    train = sections["train"]
-    if train.get("drafter") != "dflash":
-        return
-    fmt = sections["export"].setdefault("format", "vllm")
-    if fmt != "vllm":
-        raise ConfigError(f"{path} [export]: format {fmt!r} with train.drafter dflash: a DFlash "
-                          f"drafter is exported in vLLM's native format only (format: vllm)")
-    from specdraft.train.config import TrainConfig
+def _kind_defaults(sections: dict[str, dict[str, Any]], path: str | Path) -> None:
+    """The run defaults of the drafter kind ``train.drafter`` names (its home's
+    ``run_defaults``, :mod:`specdraft.kinds`: DFlash exports ``format: vllm`` and evaluates
+    ``k`` = block size - 1), applied before any stage runs; an unknown kind is left to the
+    train config to refuse."""
+    from specdraft import kinds
 
-    block = train.get("dflash_block_size", TrainConfig.model_fields["dflash_block_size"].default)
-    sections["eval"].setdefault("k", block - 1)
+    name = sections["train"].get("drafter", kinds.LEGACY_DEFAULT)
+    if name in kinds.KINDS:
+        kinds.get(name).hooks().run_defaults(sections, path)
 
 
 def _eval_the_export(sections: dict[str, dict[str, Any]], run_dir: str) -> None:

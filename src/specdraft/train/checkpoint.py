@@ -20,8 +20,8 @@ import torch
 
 from specdraft.core.atomic import atomic_dir, remove_stale_tmp
 from specdraft.core.errors import StageDirError
-from specdraft.models.eagle3 import Eagle3DraftModel
-from specdraft.models.io import load_drafter, save_drafter
+from specdraft.artifacts.drafter import load_drafter
+from specdraft.models.io import Drafter, save_drafter
 
 STATE_FILE = "train_state.pt"
 # The pieces of ``train_state.pt`` a resume needs (besides the drafter directory itself).
@@ -51,7 +51,7 @@ def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step-{step}"
 
 
-def save_checkpoint(root: Path, step: int, drafter: Eagle3DraftModel,
+def save_checkpoint(root: Path, step: int, drafter: Drafter,
                     train_state: dict[str, Any]) -> Path:
     """Write ``root/step-<step>/`` atomically (drafter files + ``train_state.pt``)."""
     with atomic_dir(step_dir(root, step)) as tmp:
@@ -88,7 +88,7 @@ def missing_pieces(state: Any) -> list[str]:
     return missing
 
 
-def load_latest(root: Path) -> tuple[Eagle3DraftModel, dict[str, Any], Path] | None:
+def load_latest(root: Path) -> tuple[Drafter, dict[str, Any], Path] | None:
     """The newest usable checkpoint as ``(drafter, train_state, path)``; None when there is no
     step directory at all.
 

@@ -5,19 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidatorFunctionWrapHandler, field_validator, model_validator
 
+from specdraft import kinds
 from specdraft.core.config import StageConfig
-
-
-#: Settings that only the EAGLE-3 family reads, and only DFlash reads: one set to another value
-#: than its default for the other drafter is refused (a setting silently ignored would train
-#: something else than asked).
-EAGLE3_ONLY = frozenset({"ttt_steps", "step_weight", "loss", "align_topk", "oov_policy",
-                         "lm_head_init", "attn_impl", "norm_before_residual", "norm_before_fc",
-                         "fc_norm", "norm_output", "drafter_layer"})
-DFLASH_ONLY = frozenset({"dflash_block_size", "dflash_layers", "dflash_anchors",
-                         "dflash_gamma", "dflash_mask_token_id"})
 
 
 class TrainConfig(StageConfig):
@@ -99,9 +90,9 @@ class TrainConfig(StageConfig):
                               "drafting: Qwen3 layers draft a whole block in one forward, "
                               "reading the run's aux layers as target_layer_ids + 1; vLLM "
                               "only; docs/drafters.md).")
-    dflash_block_size: int = Field(8, ge=2, description="DFlash: block size, the anchor plus "
-                                                        "K mask slots (serve with "
-                                                        "num_speculative_tokens = K).")
+    dflash_block_size: int = Field(kinds.DFLASH_BLOCK_SIZE, ge=2,
+                                   description="DFlash: block size, the anchor plus K mask "
+                                               "slots (serve with num_speculative_tokens = K).")
     dflash_layers: int = Field(2, ge=1, description="DFlash: the drafter's decoder layers.")
     dflash_anchors: int = Field(32, ge=1, description="DFlash: blocks drawn per row per step "
                                                       "(anchors among supervised positions).")
@@ -139,6 +130,15 @@ class TrainConfig(StageConfig):
     resume: bool = Field(False, description="Continue from the newest readable checkpoint.")
     overwrite: bool = Field(False, description="Delete RUN/train and start over.")
 
+    @field_validator("drafter", mode="wrap")
+    @classmethod
+    def _registered_kind(cls, value: object, handler: ValidatorFunctionWrapHandler) -> str:
+        """The built-in kinds are the flag's choices; a kind registered from outside
+        (:func:`specdraft.kinds.register`) is accepted from a config as well."""
+        if isinstance(value, str) and value in kinds.KINDS:
+            return value
+        return handler(value)
+
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":
         if self.loss == "hard" and self.oov_policy == "keep":
@@ -157,7 +157,9 @@ class TrainConfig(StageConfig):
             raise ValueError(str(err)) from None
         given = {f for f in self.model_fields_set  # a default spelled out (a dumped config)
                  if getattr(self, f) != type(self).model_fields[f].default}
-        other = sorted((EAGLE3_ONLY if self.drafter == "dflash" else DFLASH_ONLY) & given)
+        # each kind's own options (its row of specdraft.kinds): another kind's, set, is refused
+        # (a setting silently ignored would train something else than asked)
+        other = sorted(kinds.other_kinds_options(self.drafter) & given)
         if other:
             flags = ", ".join("--" + f.replace("_", "-") for f in other)
             raise ValueError(f"{flags}: not an option of the {self.drafter} drafter "
@@ -168,7 +170,3 @@ class TrainConfig(StageConfig):
         """DFlash's slot-weight decay: ``dflash_gamma``, else ``dflash_block_size / 2`` (the
         DFlash paper's 5 and 4 for blocks of 10 and 8; 7 for 16)."""
         return self.dflash_gamma or self.dflash_block_size / 2
-
-    def step_weights(self) -> list[float]:
-        """``[step_weight**k for k in range(ttt_steps)]``."""
-        return [self.step_weight ** k for k in range(self.ttt_steps)]

@@ -15,6 +15,7 @@ supervised. The forward is the one offline eval and vLLM run (:meth:`DFlashDraft
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -215,3 +216,9 @@ def overfit(model: DFlashDraftModel, hidden: torch.Tensor, ids: torch.Tensor,
     model.eval()
     assert math.isfinite(log[-1]["loss"]), log[-1]
     return log
+
+
+def dflash_objective(drafter: DFlashDraftModel, cfg: Any) -> DFlashObjective:
+    """The DFlash kind's objective (:mod:`specdraft.kinds`) from the train config's options:
+    ``dflash_anchors``, the slot decay (``cfg.gamma()``) and ``seed``."""
+    return DFlashObjective(drafter, anchors=cfg.dflash_anchors, gamma=cfg.gamma(), seed=cfg.seed)

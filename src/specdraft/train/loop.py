@@ -25,9 +25,9 @@ from specdraft.core.errors import StageDirError
 from specdraft.core.jsonl import JsonlWriter, iter_jsonl
 from specdraft.core.resume import check_resume_settings
 from specdraft.core.verifier import resolve_train_dtype
-from specdraft.models.eagle3 import Eagle3DraftModel
 from specdraft.core.manifest import write_provenance
-from specdraft.models.io import save_drafter
+from specdraft.kinds import Objective
+from specdraft.models.io import Drafter, save_drafter
 from specdraft.train import checkpoint as ckpt
 from specdraft.train.config import TrainConfig
 from specdraft.artifacts.batches import Collator
@@ -36,7 +36,6 @@ from specdraft.core.context import StageContext
 from specdraft.train.distributed import (all_reduce_sum, barrier, full_states, is_fsdp,
                                          load_full_states)
 from specdraft.train.metrics import hit_counts, summarize
-from specdraft.train.objective import TTTObjective
 
 
 def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
@@ -107,7 +106,7 @@ class Data:
 class Trainer:
     """One training run (one per process under torchrun). Build, then :meth:`fit`."""
 
-    def __init__(self, cfg: TrainConfig, env: StageContext, objective: TTTObjective, model: nn.Module,
+    def __init__(self, cfg: TrainConfig, env: StageContext, objective: Objective, model: nn.Module,
                  data: Data, out_dir: Path) -> None:
         self.cfg, self.env, self.objective, self.model = cfg, env, objective, model
         self.data, self.out = data, Path(out_dir)
@@ -224,7 +223,7 @@ class Trainer:
                 "rng": ckpt.rng_state(), "world_size": self.env.world_size,
                 "config_hash": self.cfg.config_hash(), "config": self.cfg.to_dict()}
 
-    def full_drafter(self) -> tuple[Eagle3DraftModel, dict]:
+    def full_drafter(self) -> tuple[Drafter, dict]:
         """(a full drafter to save, the full optimizer state); collective under FSDP."""
         model_state, optim_state = full_states(self.model, self.optimizer)
         if not is_fsdp(self.model):

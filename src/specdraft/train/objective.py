@@ -49,6 +49,7 @@ are unchanged (``hits`` is top-1 at every supervised column).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -128,8 +129,8 @@ class TTTObjective(nn.Module):
         The draft-vocab head (the largest matmul, ``[., H] x [H, K]``) and the loss run only on
         the supervised columns of each step, gathered: the other columns' logits are neither in
         the loss nor in the hit counts, and the next step is fed :meth:`feedback` of every
-        column's prenorm state, not the logits. Equal to computing them everywhere and masking (the same
-        per-column values; sums in another order, so equal up to float rounding).
+        column's prenorm state, not the logits. Equal to computing them everywhere and masking
+        (the same per-column values; sums in another order, so equal up to float rounding).
         """
         m = self.drafter
         B, T = batch.input_ids.shape
@@ -176,3 +177,10 @@ class TTTObjective(nn.Module):
         return torch.stack([self.loss_mask(shift(batch.sup, k, L, False),
                                            shift(batch.label, k, L, -1)).sum()
                             for k in range(self.steps)]).float()
+
+
+def ttt_objective(drafter: Eagle3DraftModel, cfg: Any) -> TTTObjective:
+    """The EAGLE-3 kind's objective (:mod:`specdraft.kinds`) from the train config's options:
+    ``ttt_steps``, ``step_weight``, ``loss``, ``oov_policy``, ``align_topk``."""
+    return TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
+                        loss=cfg.loss, oov_policy=cfg.oov_policy, align_topk=cfg.align_topk)

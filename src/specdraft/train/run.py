@@ -1,5 +1,6 @@
 """``specdraft train``: read ``RUN/extract`` (or run the verifier online) and ``RUN/vocab``,
-train an EAGLE-3 drafter, write ``RUN/train``.
+train a drafter of the kind ``--drafter`` names (:mod:`specdraft.kinds`: its builder and
+objective), write ``RUN/train``.
 
 Outputs: ``checkpoints/step-N/`` (drafter + ``train_state.pt``), ``best/`` (the drafter with
 the highest validation ``τ̂``), ``last/``, ``metrics.jsonl``, ``tb/`` (TensorBoard) and
@@ -14,15 +15,14 @@ from typing import Any
 
 import torch
 
-from specdraft.core.aux_ids import hf_to_dflash_target_ids
 from specdraft.core.errors import ConfigError, InputError, SpecdraftError
 from specdraft.core.manifest import StageClock, TrainManifest, build_manifest, input_hash, \
     parse_manifest, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.rundir import open_stage_dir, require_stage
-from specdraft.models.eagle3 import AUX_CONVENTION, Eagle3Config, Eagle3DraftModel, \
-    default_draft_layer
-from specdraft.models.io import drafter_from_dict
+from specdraft import kinds
+from specdraft.models.eagle3 import AUX_CONVENTION
+from specdraft.models.io import Drafter
 from specdraft.train.config import TrainConfig
 from specdraft.artifacts.batches import Collator
 from specdraft.train.data import row_lengths, split_indices
@@ -30,7 +30,6 @@ from specdraft.core.context import StageContext, stage_context
 from specdraft.train.distributed import barrier, wrap
 from specdraft.artifacts.vocab_map import load_vocab_map
 from specdraft.train.loop import Data, Trainer, fit
-from specdraft.train.objective import TTTObjective
 from specdraft.artifacts.layout import RunLayout
 from specdraft.artifacts.verifier_contract import run_verifier
 
@@ -127,82 +126,14 @@ def verifier_identity(cfg: TrainConfig, extract_manifest: Any) -> dict[str, Any]
 
 def build_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
                   head: dict[str, torch.Tensor], d2t: torch.Tensor, t2d: torch.Tensor,
-                  identity: dict[str, Any] | None = None) -> Eagle3DraftModel:
-    """A fresh drafter shaped from the verifier's profile (:meth:`Eagle3Config.from_profile`:
-    its shape rules), ``embed_tokens`` copied (frozen), d2t/t2d set; the profile and the verifier's
-    ``identity`` travel in the drafter's config (``train/best``, ``train/last``, checkpoints).
+                  identity: dict[str, Any] | None = None) -> Drafter:
+    """A fresh drafter of the kind ``cfg.drafter`` names, shaped from the verifier's profile by
+    its home's ``build`` (:mod:`specdraft.kinds.eagle3`, :mod:`specdraft.kinds.dflash`): the
+    verifier's tables copied, the profile and the verifier's ``identity`` in its config.
 
-    ``--lm-head-init verifier`` (default) starts ``lm_head`` [K, H] at the verifier's rows of the
-    draft vocabulary, ``head["lm_head.weight"][arange(K) + d2t]`` (the ids ``d2t`` maps to), so
-    the drafter starts from the verifier's own read-out of a final hidden state; the drafter's
-    ``norm`` gain stays 1 and learns the verifier's scale. ``verifier-frozen`` also takes
-    ``lm_head`` out of the optimizer (speculators 0.9.0 ``_load_verifier_weights`` does that);
-    ``random`` keeps ``nn.Linear``'s init. Measured on the quality benchmark (docs/benchmarks.md "Quality").
-
-    Raises :class:`InputError` when the source's hidden size or vocab size disagree."""
-    layer = (default_draft_layer(profile.model_type) if cfg.drafter_layer == "auto"
-             else cfg.drafter_layer)
-    kind = Eagle3Config
-    if layer == "mla":  # --drafter-layer mla: the MLA layer (models/eagle3_mla.py)
-        from specdraft.models.eagle3_mla import Eagle3MLAConfig as kind
-    config = kind.from_profile(
-        profile, draft_vocab_size=d2t.numel(), aux_layer_ids=tuple(source.aux_layer_ids),
-        attn_impl=cfg.attn_impl, norm_before_residual=cfg.norm_before_residual,
-        norm_before_fc=cfg.norm_before_fc, fc_norm=cfg.fc_norm, norm_output=cfg.norm_output,
-        draft_layer=layer, verifier_identity=identity)
-    if source.hidden_size != config.target_hidden_size or t2d.numel() != config.vocab_size:
-        raise InputError(f"verifier hidden/vocab {config.target_hidden_size}/"
-                         f"{config.vocab_size} but source hidden {source.hidden_size}, "
-                         f"t2d over {t2d.numel()} ids")
-    torch.manual_seed(cfg.seed)
-    model = drafter_from_dict(config.to_dict())
-    with torch.no_grad():
-        model.embed_tokens.weight.copy_(head["embed_tokens.weight"].float())
-        model.d2t.copy_(d2t)
-        model.t2d.copy_(t2d)
-        if cfg.lm_head_init != "random":
-            target_ids = model.draft_to_target(torch.arange(d2t.numel()))
-            model.lm_head.weight.copy_(head["lm_head.weight"][target_ids].float())
-    model.lm_head.weight.requires_grad_(cfg.lm_head_init != "verifier-frozen")
-    return model
-
-
-def build_dflash_drafter(cfg: TrainConfig, profile: VerifierProfile, source: Any,
-                         head: dict[str, torch.Tensor], identity: dict[str, Any] | None = None
-                         ) -> Any:
-    """A fresh DFlash drafter (:mod:`specdraft.models.dflash`) shaped from the verifier's
-    profile, reading the source's aux layers: HF ``hidden_states`` index ``a`` is layer output
-    ``a - 1``, so ``target_layer_ids = aux_layer_ids - 1`` (vLLM adds the 1 back when it serves
-    it). The verifier's embedding and head are copied into the frozen tables.
-
-    Raises :class:`ConfigError` when an aux id has no layer-output id (0, the embeddings, or the
-    last layer's post-norm state) or the verifier's shape is not one the DFlash layer implements,
-    :class:`InputError` when the source's hidden size or vocab differ from the verifier's."""
-    from specdraft.models.dflash import DFlashConfig, DFlashDraftModel
-
-    n = profile.n_layers
-    aux = list(source.aux_layer_ids)
-    if any(a < 1 or a > n - 1 for a in aux):
-        raise ConfigError(f"aux layer ids {aux}: a DFlash drafter reads layer outputs, HF "
-                          f"hidden_states 1..{n - 1} of this {n}-layer verifier (extract with "
-                          f"--aux-layers inside that range)")
-    mask_id = cfg.dflash_mask_token_id if cfg.dflash_mask_token_id is not None \
-        else profile.vocab_size - 1
-    config = DFlashConfig.from_profile(
-        profile, target_layer_ids=hf_to_dflash_target_ids(aux), mask_token_id=mask_id,
-        block_size=cfg.dflash_block_size, num_hidden_layers=cfg.dflash_layers,
-        verifier_identity=identity)
-    if source.hidden_size != config.target_hidden_size or \
-            head["lm_head.weight"].shape[0] != config.vocab_size:
-        raise InputError(f"verifier hidden/vocab {config.target_hidden_size}/"
-                         f"{config.vocab_size} but source hidden {source.hidden_size}, head "
-                         f"of {head['lm_head.weight'].shape[0]} rows")
-    torch.manual_seed(cfg.seed)
-    model = DFlashDraftModel(config)
-    with torch.no_grad():
-        model.embed_tokens.weight.copy_(head["embed_tokens.weight"].float())
-        model.lm_head.weight.copy_(head["lm_head.weight"].float())
-    return model
+    Raises :class:`InputError` when the source's hidden size or vocab size disagree with the
+    verifier's, :class:`ConfigError` for a setting the kind cannot build."""
+    return kinds.get(cfg.drafter).hooks().build(cfg, profile, source, head, d2t, t2d, identity)
 
 
 def teacher_verifier(cfg: TrainConfig, verifier: Any, extract_manifest: Any, env: StageContext
@@ -266,7 +197,8 @@ def run(config: TrainConfig, ctx: StageContext | None = None, *, verifier: Any =
         return _run(config, env, clock, verifier, source)
 
 
-def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, source: Any) -> dict:
+def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, source: Any
+         ) -> dict:
     require_stage(cfg.run_dir, "vocab")
     if env.is_main:
         open_stage_dir(cfg.run_dir, "train", resume=cfg.resume, overwrite=cfg.overwrite)
@@ -284,17 +216,8 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
     profile = verifier_profile(cfg, verifier, extract_manifest)
     head = verifier_head(verifier, cfg.run_dir)
     identity = verifier_identity(cfg, extract_manifest)
-    if cfg.drafter == "dflash":
-        from specdraft.train.dflash_objective import DFlashObjective
-
-        drafter = build_dflash_drafter(cfg, profile, source, head, identity).to(env.device)
-        objective = DFlashObjective(drafter, anchors=cfg.dflash_anchors, gamma=cfg.gamma(),
-                                    seed=cfg.seed)
-    else:
-        drafter = build_drafter(cfg, profile, source, head, d2t, t2d, identity).to(env.device)
-        objective = TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
-                                 loss=cfg.loss, oov_policy=cfg.oov_policy,
-                                 align_topk=cfg.align_topk)
+    drafter = build_drafter(cfg, profile, source, head, d2t, t2d, identity).to(env.device)
+    objective = kinds.resolve(kinds.get(cfg.drafter).objective)(drafter, cfg)
     lengths = row_lengths(source)
     train_idx, val_idx = split_indices(source.keys(), cfg.val_fraction, cfg.seed)
     data = Data(source, Collator(head["lm_head.weight"], d2t, env.device), train_idx, val_idx,
