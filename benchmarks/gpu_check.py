@@ -147,7 +147,7 @@ def build_drafter(kind: str, tiny: bool, device: torch.device, draft_vocab: int,
     from specdraft.core.profile import resolve_profile
     from specdraft.models.eagle3 import Eagle3Config
     from specdraft.models.eagle3_mla import Eagle3MLAConfig
-    from specdraft.models.io import drafter_from_dict
+    from specdraft.artifacts.drafter import drafter_from_dict
 
     hf = verifier_config(kind, tiny)
     profile = resolve_profile(hf)

@@ -40,7 +40,7 @@ def _run(tmp_path: Path, *, with_eval: bool) -> Path:
                                        "temperature": 0.0, "max_new_tokens": 128,
                                        "dtype": "float32", "device": "cpu"},
                   counts={"prompts": 16}, tau=1.4741, per_position=[0.32, 0.11, 0.04, 0.01],
-                  engine={"engine": "vllm", "version": "0.32.0", "tau": 1.4768,
+                  engine={"name": "vllm", "version": "0.32.0", "tau": 1.4768,
                           "per_position": [0.33, 0.1, 0.04, 0.01],
                           "engine_fixes": ["expand-kernel"]})
     return run

@@ -63,6 +63,16 @@ def test_skip_then_rerun_only_changed_stages(tmp_path, verifier8):
     export_dir = (run_dir / "export" / "sglang").resolve()
     assert (f'"model": "{export_dir}", "num_speculative_tokens": 2' in summary
             and f"--model-path {verifier8} " in summary)
+    # the export's model card: written by export, rewritten by eval with its figures
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(export_dir / "README.md")
+    assert card.data.library_name == "vllm" and "eagle3" in card.data.tags
+    ev = json.loads((run_dir / "eval" / "manifest.json").read_text())
+    rates = ", ".join(f"{r:.3f}" for r in ev["per_position"])
+    assert f"**τ {ev['tau']:.3f}**" in card.text and f"[{rates}]" in card.text
+    steps = json.loads((run_dir / "train" / "manifest.json").read_text())["steps"]
+    assert f"| optimizer steps | {steps} |" in card.text and f"vllm serve {verifier8}" in card.text
 
 
 def _digest(extract_dir: Path) -> dict[str, str]:

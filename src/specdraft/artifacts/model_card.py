@@ -48,13 +48,16 @@ class CardFacts:
     limits: list[str] = field(default_factory=list)
 
 
-def card_facts(run_dir: str | Path, *, kind: str, fmt: str, verifier: str,
+def card_facts(run_dir: str | Path | None, *, kind: str, fmt: str, verifier: str,
                base_model: str | None, serve: list[str]) -> CardFacts:
     """Gather a card's facts from ``run_dir``'s manifests (generate, prepare, train, extract,
-    eval; any of them may be absent: its rows are then left out, never invented)."""
-    run = Path(run_dir)
-    m = {s: load_stage_manifest(run / s) for s in
-         ("generate", "prepare", "extract", "train", "eval")}
+    eval; any of them may be absent, and all are without a run directory: their rows are then
+    left out, never invented)."""
+    from specdraft.artifacts.layout import RunLayout
+
+    layout = RunLayout(run_dir) if run_dir is not None else None
+    m = {s: load_stage_manifest(layout.stage(s)) if layout is not None else None
+         for s in ("generate", "prepare", "extract", "train", "eval")}
     identity = getattr(m["extract"], "verifier_identity", None)
     offline, engine, limits = _eval_facts(m["eval"])
     return CardFacts(kind=kind, fmt=fmt, verifier=verifier, base_model=base_model,
@@ -113,7 +116,7 @@ def _eval_facts(ev: EvalManifest | None) -> tuple[dict | None, dict | None, list
     engine = None
     if ev.engine and ev.engine.get("tau") is not None:
         e = ev.engine
-        engine = {"name": e.get("engine", "vllm"), "version": e.get("version"),
+        engine = {"name": e.get("name", "vllm"), "version": e.get("version"),
                   "tau": e["tau"], "per_position": list(e.get("per_position") or []),
                   "engine_fixes": list(e.get("engine_fixes") or [])}
     limits = [f"Measured at temperature {c.get('temperature')}, k = {c.get('k')}, "

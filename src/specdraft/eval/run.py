@@ -214,7 +214,28 @@ def run(config: EvalConfig, ctx: StageContext | None = None, *,
         from specdraft.eval.engine import check_agreement
 
         check_agreement(config, results["engine"], verifier)
+    _refresh_card(config)
     return manifest
+
+
+def _refresh_card(config: EvalConfig) -> None:
+    """Rewrite the model card of the run's export with this eval's figures, when this eval
+    measured that export's drafter (``RUN/train/best`` or the export itself)."""
+    if config.run_dir is None or config.server:
+        return
+    from specdraft import kinds
+    from specdraft.artifacts.drafter import read_drafter
+    from specdraft.engines.serve import write_export_card
+
+    export = read_manifest(RunLayout(config.run_dir).exports)
+    if not export or not Path(export["out"]).is_dir():
+        return
+    measured = drafter_dir(config).resolve()
+    if measured not in (Path(export["out"]).resolve(), Path(export.get("source", "")).resolve()):
+        return
+    write_export_card(config.run_dir, export["out"],
+                      kind=kinds.of(read_drafter(export["out"])).name, fmt=export["format"],
+                      verifier=config.verifier, k=config.k)
 
 
 def verifier_binding(config: EvalConfig, verifier: Any, tokenizer: Any) -> dict[str, Any]:
@@ -297,7 +318,7 @@ def engine_extract(engine: dict[str, Any] | None) -> dict[str, Any] | None:
     keep = ("name", "version", "k", "temperature", "acceptance_rule", "draft_sample_method",
             "sampled_agreement", "dtype", "tau",
             "acceptance_rate", "per_position", "verify_steps", "drafted", "accepted",
-            "tokens_per_s", "verifier_dir", "drafter_dir")
+            "tokens_per_s", "verifier_dir", "drafter_dir", "engine_fixes")
     out = {k: engine.get(k) for k in keep}
     agree = engine.get("agreement")
     if agree:

@@ -20,6 +20,8 @@ from specdraft.core.context import StageContext, single_process
 from specdraft.core.manifest import (ExportManifest, StageClock, load_stage_manifest, utc_now,
                                      write_manifest, write_provenance)
 from specdraft.core.rundir import open_stage_dir
+from specdraft import kinds
+from specdraft.engines.serve import write_export_card
 from specdraft.export.config import ExportConfig
 from specdraft.models.eagle3 import AUX_CONVENTION
 
@@ -65,6 +67,9 @@ def run(config: ExportConfig, ctx: StageContext | None = None) -> ExportManifest
                          format=config.format, source=str(src.path),
                          verifier_profile=profile.to_dict() if profile is not None else None,
                          verifier_identity=identity, verifier_binding=binding)
+    write_export_card(config.run_dir, out, kind=kinds.of(src).name, fmt=config.format,
+                      verifier=_verifier_name(config, identity),
+                      k=config.speculative_tokens or 3)
     exports[config.format] = {"out": str(out), "config_hash": config.config_hash(),
                               "finished_at": utc_now()}
     return write_manifest(
@@ -79,6 +84,16 @@ def run(config: ExportConfig, ctx: StageContext | None = None) -> ExportManifest
                "embed_tokens": "verifier copy" if "embed_tokens.weight" in tensors or
                "layers.0.embed_tokens.weight" in tensors else "omitted (engines share the "
                "verifier's)", "checked": "all export checks passed"})
+
+
+def _verifier_name(config: ExportConfig, identity: dict[str, Any] | None) -> str:
+    """The verifier the model card names: ``--verifier``, else the one the drafter's identity
+    recorded, else the run's."""
+    if config.verifier:
+        return config.verifier
+    if identity and identity.get("path"):
+        return str(identity["path"])
+    return "<the verifier the drafter was trained on>"
 
 
 def _earlier_exports(manifest_dir: Path) -> dict[str, dict[str, Any]]:

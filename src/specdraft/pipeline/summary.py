@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.core.manifest import ExportManifest, Manifest
-from specdraft.engines.serve import KNOWN_HF_IDS
 
 def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
     """A plain-text block: one line per stage (elapsed seconds and key figures), then serving."""
@@ -30,17 +29,10 @@ def format_summary(config: Any, manifests: dict[str, Manifest | None]) -> str:
 
 
 def serve_verifier(run_dir: str | Path, verifier: str) -> str:
-    """The verifier an engine serves: ``RUN/verifier-hf`` when a stage wrote it (a GGUF converted
-    once to the HF directory the engine served in extract or eval, ``engines.verifier_dir``:
-    local, nothing to download), else the HF id of a shipped GGUF (:data:`KNOWN_HF_IDS`), else
-    ``verifier`` as given (a GGUF elsewhere: a placeholder, engines serve HF checkpoints)."""
-    from specdraft.engines.verifier_dir import ENGINE_HF_DIR
+    """The verifier an engine serves (:func:`specdraft.engines.serve.served_verifier`)."""
+    from specdraft.engines.serve import served_verifier
 
-    converted = Path(run_dir) / ENGINE_HF_DIR
-    if (converted / "config.json").is_file():
-        return str(converted.resolve())
-    verifier = KNOWN_HF_IDS.get(verifier, verifier)
-    return "<the verifier's HF id or directory>" if verifier.endswith(".gguf") else verifier
+    return served_verifier(run_dir, verifier)
 
 
 def _serve_lines(eval_config: Any, eval_manifest: Manifest | None, out: str,
