@@ -2,7 +2,8 @@
 
 The *format manifest* (:func:`required_keys`, :func:`expected_tensors`) lists, per format, the
 ``config.json`` keys the engine reads and every tensor with its shape and dtype.
-:func:`check_export` compares a candidate ``(config.json, tensors)`` against it and against the facts of the run:
+:func:`check_export` compares a candidate ``(config.json, tensors)`` against it and against the
+facts of the run:
 
 - fc input = n_aux × target hidden, and equal to the width the engine derives from config.json;
 - ``lm_head`` rows = draft vocab K; ``d2t`` int64 [K] with ``arange(K) + d2t`` strictly increasing
@@ -198,7 +199,8 @@ def check_fc(fmt: str, cfg: dict[str, Any], c: Eagle3Config, tensors: dict[str, 
     if read != want:
         problems.append(f"the {fmt} loader builds fc with input width {read} from config.json, "
                         f"the checkpoint has {want} ({c.n_aux} aux layers x "
-                        f"{c.target_hidden_size}); vLLM and SGLang (llama_eagle3.py) only load 3 aux layers — use "
+                        f"{c.target_hidden_size}); vLLM and SGLang (llama_eagle3.py) only "
+                        f"load 3 aux layers — use "
                         f"--format speculators or train with 3 aux layers")
     return problems
 

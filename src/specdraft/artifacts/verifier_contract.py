@@ -20,7 +20,8 @@ The contract holds (docs/verifier-binding.md):
 Rules (:func:`bind`): a field is written once and changed only by a rerun of the stage that
 wrote the contract (it starts the run over: the stages after it rerun too); a field still empty
 (no chat yet, no identity because the first stage had only a tokenizer) is filled by the first
-stage that knows it. A later stage given another model, tokenizer or vocabulary is refused with every
+stage that knows it. A later stage given another model, tokenizer or vocabulary is refused with
+every
 difference named; a stage whose chat settings were left at their defaults renders with the
 contract's chat format, and one given other settings explicitly is refused.
 """

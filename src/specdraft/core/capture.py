@@ -30,7 +30,8 @@ from specdraft.core.storage import Codec, encode
 CONVENTION = (
     "aux id i = HF hidden_states[i] = the input to decoder layer i (the output of layer i-1); "
     "id 0 (embedding output) is never taken, ids outside [1, N-1] are refused (HF "
-    "hidden_states[N] is after the final norm, which the engines never capture). final_hidden = the output of "
+    "hidden_states[N] is after the final norm, which the engines never capture). "
+    "final_hidden = the output of "
     "the verifier's final norm (HF last_hidden_state), so lm_head(final_hidden) = the verifier's "
     "logits; it is stored at the positions p with loss_mask[p+1] == 1 (it predicts token p+1).")
 

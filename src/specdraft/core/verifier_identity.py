@@ -30,7 +30,8 @@ module records, cheaply enough for a 1T-parameter checkpoint (no weights loaded)
 ``export`` in ``provenance.json``; ``export``, ``eval`` and ``doctor`` compare the verifier they
 are given with :func:`compare` and, when ``RUN/extract`` rows are at hand, recompute a few of
 them with :func:`specdraft.artifacts.hidden_states.probe_hidden_states`, which catches a
-change of hidden basis that leaves the logits (and so every logit-level check) unchanged. See docs/verifier-binding.md.
+change of hidden basis that leaves the logits (and so every logit-level check) unchanged. See
+docs/verifier-binding.md.
 """
 
 from __future__ import annotations

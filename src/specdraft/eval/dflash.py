@@ -58,7 +58,8 @@ class BatchDFlashDrafter:
     states (a :class:`DFlashDrafter`), and one forward drafts every row's block. Rows are
     right-padded to the longest context; row ``b``'s block is anchored at its own length
     ``T_b``, so its queries see columns ``t < T_b`` only
-    (:func:`~specdraft.models.dflash.block_mask`) and padding is never attended: the same block as :func:`~specdraft.models.dflash.draft_block`
+    (:func:`~specdraft.models.dflash.block_mask`) and padding is never attended: the same block as
+    :func:`~specdraft.models.dflash.draft_block`
     alone, up to the float reduction order of the batched matmuls."""
 
     def __init__(self, model: DFlashDraftModel) -> None:

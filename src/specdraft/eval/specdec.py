@@ -1,4 +1,5 @@
-"""Offline chain speculative decoding: verifier in ``transformers``, EAGLE-3 drafter, both KV-cached.
+"""Offline chain speculative decoding: verifier in ``transformers``, EAGLE-3 drafter, both
+KV-cached.
 
 One prompt, batch size 1. Invariant at the top of each iteration, with ``L`` tokens committed
 (prompt + generated, ``x_0..x_{L-1}``):

@@ -1,7 +1,8 @@
 """``specdraft extract``: run the verifier over the prepared rows and store its hidden states.
 
 Data-parallel under ``torchrun`` (the process group and this process's rank: the stage context,
-:mod:`specdraft.core.context`); rank ``r`` computes batches ``r, r+W, r+2W, …`` of the deterministic plan
+:mod:`specdraft.core.context`); rank ``r`` computes batches ``r, r+W, r+2W, …`` of the
+deterministic plan
 (:mod:`specdraft.core.batching`), writes its own shards and index part, and rank 0 merges the
 index, writes the verifier head and the manifest after a barrier.
 """
@@ -326,7 +327,8 @@ def run(config: ExtractConfig, ctx: StageContext | None = None, *,
     if ctx is not None:
         return _run(config, verifier, ctx)
     # the vLLM backend's ranks exchange small objects only: gloo, whatever the device
-    with stage_context(config.device, backend="gloo" if config.backend == "vllm" else None) as stage:
+    backend = "gloo" if config.backend == "vllm" else None
+    with stage_context(config.device, backend=backend) as stage:
         return _run(config, verifier, stage)
 
 

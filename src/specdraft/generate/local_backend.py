@@ -2,7 +2,8 @@
 
 Prompts are rendered with the run's :class:`~specdraft.core.chat.ChatFormat` (the template,
 ``add_generation_prompt=True``, its ``chat_template_kwargs``, history reasoning handed to the
-template as prepare hands it), left-padded so every row's last prompt token sits at the same position,
+template as prepare hands it), left-padded so every row's last prompt token sits at the same
+position,
 and decoded greedily when ``temperature == 0`` (else sampled with ``temperature``/``top_p``).
 The completion ids kept are those the model emitted up to and including its first stop token,
 exactly like vLLM's ``token_ids``.

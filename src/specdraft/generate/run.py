@@ -3,7 +3,8 @@
 
 Resume (``--resume``): the settings stored in ``settings.json`` when the stage started are
 compared with the new ones (:mod:`specdraft.core.resume`: transport and bookkeeping settings may
-change, sampling, template, model and checks may not); a torn last line of either file is cut (and reported); ids already in
+change, sampling, template, model and checks may not); a torn last line of either file is cut (and
+reported); ids already in
 ``samples.jsonl`` are skipped, and so are ids rejected for a reason the model caused
 (``truncated``, ``malformed_think``, ``empty_answer``, ``empty_reasoning``): rerunning them would
 give the same answer. Ids rejected with ``error`` (server/network failure after retries) are

@@ -12,7 +12,7 @@ state does not exist yet; vLLM calls it the bonus / next token)::
 
     g_t = cat_i HF hidden_states[target_layer_ids[i] + 1][t]   [T, n*Ht]  context t = 0..a-1
     c   = hidden_norm(fc(g))                                    [T, H]   (fc: combine_hidden_states;
-                                                                          hidden_norm: precompute_and_store_context_kv)
+                                                      hidden_norm: precompute_and_store_context_kv)
     per layer l:  Kc_l = rope(k_norm_l(k_proj_l(c)), t)         [T, kvh, d]  (no input_layernorm)
                   Vc_l = v_proj_l(c)                            [T, kvh, d]
     ids = [x_a, m, ..., m]  (m = mask_token_id, K of them)      [K+1]     positions a..a+K

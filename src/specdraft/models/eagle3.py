@@ -418,7 +418,8 @@ def _cuda_backward(d_out, q, k, v, out, saved, scale):
 #: The fused causal kernels that return their log-sum-exp, per device type: PyTorch's CPU flash
 #: kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``) and its CUDA memory-efficient
 #: kernel (``aten::_scaled_dot_product_efficient_attention``, which
-#: ``F.scaled_dot_product_attention`` picks for float32). Both return the log-sum-exp as a non-differentiable output.
+#: ``F.scaled_dot_product_attention`` picks for float32). Both return the log-sum-exp as a
+#: non-differentiable output.
 LSE_KERNELS: dict[str, LSEKernel] = {
     "cpu": LSEKernel(_cpu_forward, _cpu_backward, pad=1),
     "cuda": LSEKernel(_cuda_forward, _cuda_backward, pad=8),

@@ -1,4 +1,5 @@
-"""``specdraft run --dump-config``: a commented default pipeline YAML built from the stage configs."""
+"""``specdraft run --dump-config``: a commented default pipeline YAML built from the stage
+configs."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ skipped; a changed stage reruns from scratch (``overwrite``) along with everythi
 stage interrupted by Ctrl-C or a crash (output present, no manifest, same config as when it
 started) is continued with ``resume``. An input file edited in place (its content hash differs
 from the manifest's) makes its stage stale too. Stages that run the verifier get it through
-:class:`SharedVerifier`, loaded once per distinct set of loading settings. The config hash each stage was started with is kept in
+:class:`SharedVerifier`, loaded once per distinct set of loading settings. The config hash each
+stage was started with is kept in
 ``RUN/run/state.json``; the pipeline's own manifest and summary go to ``RUN/run/``.
 """
 

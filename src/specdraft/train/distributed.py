@@ -3,7 +3,8 @@
 
 The process group is started by :func:`specdraft.core.context.stage_context` (``torchrun
 --nproc-per-node N -m specdraft.cli train ...``; multi-node runs use torchrun's own
-``--nnodes/--rdzv-*`` flags). Wrapping: DDP (default) or FSDP2 (``torch.distributed.fsdp.fully_shard``,
+``--nnodes/--rdzv-*`` flags). Wrapping: DDP (default) or FSDP2
+(``torch.distributed.fsdp.fully_shard``,
 one unit around the TTT wrapper: the drafter is a single layer, so per-layer units buy little
 and its methods are called outside ``forward``). Checkpoints hold full (unsharded) states
 gathered with ``torch.distributed.checkpoint.state_dict``, so they load at any world size.
