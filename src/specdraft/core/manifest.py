@@ -372,6 +372,8 @@ class EvalManifest(Manifest):
         if e.get("tau_offline_minus_engine") is not None:
             line += (f", offline - engine {e['tau_offline_minus_engine']:+.3f}, identical "
                      f"prompts {e.get('identical_prompts')}")
+        for fix in e.get("engine_fixes") or []:  # a patched engine is always said
+            line += f"\n{'':20}engine patched by specdraft for this figure: {fix}"
         return line
 
 

@@ -55,4 +55,8 @@ def _serve_lines(eval_config: Any, eval_manifest: Manifest | None, out: str,
     if not commands:
         return [head, f"  no engine serves it: a tree needs SGLang, which loads only "
                       f"--format sglang exports (docs/drafters.md)"]
-    return [head] + [f"  {c}" for c in commands]
+    fixes = ((getattr(eval_manifest, "engine", None) or {}).get("engine_fixes") or [])
+    note = ([f"  # the engine figure above needed specdraft's fix(es) to the engine, which "
+             f"this plain command does not apply: {'; '.join(f[:80] for f in fixes)}"]
+            if fixes else [])
+    return [head] + note + [f"  {c}" for c in commands]
