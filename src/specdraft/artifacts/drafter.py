@@ -172,21 +172,30 @@ def load_drafter(path: str | Path, *, device: str = "cpu",
     no missing or extra key).
 
     Raises FileNotFoundError naming the missing file, :class:`InputError` naming the file when
-    the config is not a JSON drafter config or the weights are not safetensors (nothing is
-    ever unpickled), RuntimeError on key mismatch.
+    the config is not a JSON drafter config, the weights are not safetensors (nothing is ever
+    unpickled) or their names and shapes are not the config's (checked on the ``meta`` device
+    before any allocation: a corrupt config never allocates its sizes).
     """
     path = Path(path)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (path / name).exists():
             raise FileNotFoundError(f"{path / name} not found: not a specdraft drafter directory")
     raw = read_json(path / CONFIG_FILE, what="drafter config")
+    state = load_tensors(path / WEIGHTS_FILE)  # an unreadable file is refused before any model
     try:
         if not isinstance(raw, dict):
             raise TypeError(f"expected a JSON object, got {type(raw).__name__}")
-        model = drafter_from_dict(raw)
-    except (TypeError, ValueError, AttributeError, InputError) as err:
+        with torch.device("meta"):  # shapes first: a config of absurd sizes allocates nothing
+            shapes = {k: tuple(v.shape) for k, v in drafter_from_dict(raw).state_dict().items()}
+    except (TypeError, ValueError, AttributeError, InputError, RuntimeError) as err:
         raise InputError(f"{path / CONFIG_FILE}: not a valid drafter config "
                          f"({clip(str(err), 200)})") from None
-    state = load_tensors(path / WEIGHTS_FILE)
+    stored = {k: tuple(v.shape) for k, v in state.items()}
+    if shapes != stored:
+        wrong = sorted(k for k in set(shapes) | set(stored) if shapes.get(k) != stored.get(k))
+        raise InputError(f"{path}: {CONFIG_FILE} and {WEIGHTS_FILE} disagree on "
+                         f"{clip(wrong, 200)} (config {clip([shapes.get(k) for k in wrong], 100)}"
+                         f", weights {clip([stored.get(k) for k in wrong], 100)})")
+    model = drafter_from_dict(raw)
     model.load_state_dict(state, strict=True)
     return model.to(device=device, dtype=dtype).eval()
