@@ -181,15 +181,15 @@ def load_drafter(path: str | Path, *, device: str = "cpu",
         if not (path / name).exists():
             raise FileNotFoundError(f"{path / name} not found: not a specdraft drafter directory")
     raw = read_json(path / CONFIG_FILE, what="drafter config")
-    state = load_tensors(path / WEIGHTS_FILE)  # an unreadable file is refused before any model
-    try:
+    try:  # the config first, then its shapes on the meta device: absurd sizes allocate nothing
         if not isinstance(raw, dict):
             raise TypeError(f"expected a JSON object, got {type(raw).__name__}")
-        with torch.device("meta"):  # shapes first: a config of absurd sizes allocates nothing
+        with torch.device("meta"):
             shapes = {k: tuple(v.shape) for k, v in drafter_from_dict(raw).state_dict().items()}
     except (TypeError, ValueError, AttributeError, InputError, RuntimeError) as err:
         raise InputError(f"{path / CONFIG_FILE}: not a valid drafter config "
                          f"({clip(str(err), 200)})") from None
+    state = load_tensors(path / WEIGHTS_FILE)
     stored = {k: tuple(v.shape) for k, v in state.items()}
     if shapes != stored:
         wrong = sorted(k for k in set(shapes) | set(stored) if shapes.get(k) != stored.get(k))
