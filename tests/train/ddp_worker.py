@@ -1,4 +1,5 @@
-"""Worker of the DDP equivalence test: ``ddp_worker.py RUN GRAD_ACCUM [ddp|fsdp] [eagle3|dflash]``
+"""Worker of the DDP equivalence test: ``ddp_worker.py RUN GRAD_ACCUM [ddp|fsdp]
+[eagle3|dflash|dflash-recipe]``
 (under
 torchrun or not).
 Every rank rebuilds the same tiny verifier, corpus and source (seeded)."""
@@ -19,6 +20,9 @@ parallel = sys.argv[3] if len(sys.argv) > 3 else "ddp"
 drafter = sys.argv[4] if len(sys.argv) > 4 else "eagle3"
 kind = {"ttt_steps": 3} if drafter == "eagle3" else {"drafter": "dflash", "dflash_block_size": 4,
                                                       "dflash_anchors": 4}
+if drafter == "dflash-recipe":  # every new DFlash setting and both acceptance terms
+    kind.update(dflash_anchor_draw="distinct", dflash_weights="dpace", dflash_labels="soft",
+                dflash_init_std=0.02, loss_focal_weight=0.5, loss_expected_length_weight=0.5)
 verifier = tiny_llama()
 corpus = greedy_corpus(verifier, 16, gen_len=20, vocab_range=VOCAB)
 if int(__import__("os").environ.get("RANK", "0")) == 0:

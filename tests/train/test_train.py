@@ -113,12 +113,14 @@ def test_online_equals_offline(tmp_path, corpus, verifier, source):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel, drafter", [("ddp", "eagle3"), ("fsdp", "eagle3"),
-                                               ("ddp", "dflash")])
+                                               ("ddp", "dflash"), ("ddp", "dflash-recipe")])
 def test_two_process_gloo_ddp_equals_one_process(tmp_path, parallel, drafter):
     """torchrun --nproc-per-node 2 (grad_accum 1) == 1 process (grad_accum 2): same weights,
     with DDP and with FSDP2 (fully_shard); for DFlash too (its anchors are drawn per row from
-    the step and the row's tokens, so they do not depend on the split)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
+    the step and the row's tokens, so they do not depend on the split; ``dflash-recipe``: with
+    distinct anchors, D-PACE, soft labels and both acceptance terms)."""
+    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}  # the caller's source too
     worker = str(HERE / "ddp_worker.py")
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, worker, str(one), "2", "ddp", drafter], check=True, env=env,
@@ -133,3 +135,6 @@ def test_two_process_gloo_ddp_equals_one_process(tmp_path, parallel, drafter):
     m2 = json.loads((two / "train" / "manifest.json").read_text())
     assert m2["world_size"] == 2 and m1["world_size"] == 1
     assert abs(m1["final_val"]["tau"] - m2["final_val"]["tau"]) < 1e-6
+    if drafter.startswith("dflash"):  # the label counter sums the ranks' rows
+        assert m1["verifier_argmax_differs"] == m2["verifier_argmax_differs"]
+        assert m1["verifier_argmax_differs"]["positions"] > 0

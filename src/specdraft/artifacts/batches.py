@@ -28,6 +28,10 @@ class TrainBatch:
     token at ``p``; -1 where unsupervised or outside the draft vocabulary); n_real: real
     (unpadded) tokens. Packed because a [B, T, K] tensor would be mostly zeros to fill and,
     per TTT step, a [N, K] gather to read; packed, a step reads a slice (``forward``).
+    verifier_token [B, T] int64: the verifier's argmax over its full vocabulary at ``p`` (a
+    target id, in or out of the draft vocabulary; -1 where unsupervised); final_hidden [N, H]
+    float32: the verifier's final (post-norm) states, packed as ``target_probs``, only when the
+    collator keeps them (``keep_final_hidden``: a full-vocabulary teacher, DFlash's soft labels).
     """
 
     input_ids: torch.Tensor
@@ -36,6 +40,8 @@ class TrainBatch:
     target_probs: torch.Tensor
     label: torch.Tensor
     n_real: int
+    verifier_token: torch.Tensor | None = None
+    final_hidden: torch.Tensor | None = None
 
     def dense_probs(self) -> torch.Tensor:
         """``target_probs`` unpacked to [B, T, K] (zeros where not supervised)."""
@@ -53,8 +59,8 @@ class TrainBatch:
 
 @torch.no_grad()
 def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
-                     t2d_index: torch.Tensor, chunk: int = 1024
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     t2d_index: torch.Tensor, chunk: int = 1024, *, with_argmax: bool = False
+                     ) -> tuple[torch.Tensor, ...]:
     """Soft targets and labels from the verifier's final hidden states.
 
     final_hidden [N, H] (after the verifier's final norm), lm_head [V, H], draft_ids [K] int64
@@ -62,17 +68,21 @@ def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_id
     Returns probs [N, K] float32 (softmax over the draft vocab) and label [N] int64 (draft id of
     the argmax over the full vocab, -1 when outside the draft vocab). fp32, chunked over N:
     peak ``chunk·V·4`` bytes for the logits, whatever N (``benchmarks/bench_scale.py``).
+    ``with_argmax``: also the argmax itself [N] int64 (a target id, whatever the draft vocab).
     """
-    probs, labels = [], []
+    probs, labels, tops = [], [], []
     head = lm_head.float()
     for part in final_hidden.float().split(chunk):
         full = part @ head.T  # [n, V]
-        labels.append(t2d_index[full.argmax(-1)])
+        tops.append(full.argmax(-1))
+        labels.append(t2d_index[tops[-1]])
         probs.append(torch.softmax(full[:, draft_ids], dim=-1))  # [n, K]
         del full  # else the next chunk's [n, V] is allocated while this one is alive
     if not probs:
-        return head.new_zeros(0, draft_ids.numel()), torch.zeros(0, dtype=torch.long)
-    return torch.cat(probs), torch.cat(labels)
+        out = head.new_zeros(0, draft_ids.numel()), torch.zeros(0, dtype=torch.long)
+        return (*out, torch.zeros(0, dtype=torch.long)) if with_argmax else out
+    out = torch.cat(probs), torch.cat(labels)
+    return (*out, torch.cat(tops)) if with_argmax else out
 
 
 
@@ -96,10 +106,13 @@ class Collator:
 
     head: the verifier's ``lm_head.weight`` [V, H]; d2t [K] int64 (``target = draft + d2t``).
     Targets are computed on ``device`` (fp32) and the batch is returned there.
+    ``keep_final_hidden``: also keep the rows' final states in the batch (``final_hidden``).
     """
 
-    def __init__(self, lm_head: torch.Tensor, d2t: torch.Tensor, device: torch.device) -> None:
+    def __init__(self, lm_head: torch.Tensor, d2t: torch.Tensor, device: torch.device, *,
+                 keep_final_hidden: bool = False) -> None:
         self.device = device
+        self.keep_final_hidden = keep_final_hidden
         self.lm_head = lm_head.to(device, torch.float32)
         self.draft_ids = (torch.arange(d2t.numel()) + d2t).to(device)  # [K] target ids
         V = lm_head.shape[0]
@@ -116,16 +129,24 @@ class Collator:
         sup = torch.zeros(B, T, dtype=torch.bool)
         probs = []  # [n_b, K] per row; positions ascend (check_row): TrainBatch's packed order
         label = torch.full((B, T), -1, dtype=torch.long, device=self.device)
+        top = torch.full((B, T), -1, dtype=torch.long, device=self.device)
+        finals = []
         for b, r in enumerate(rows):
             n = r.input_ids.numel()
             ids[b, :n] = r.input_ids
             aux[b, :n] = r.aux_hidden.float()
             pos = r.target_positions.long()
             sup[b, pos] = True
-            p, lab = verifier_targets(r.final_hidden.to(self.device), self.lm_head,
-                                      self.draft_ids, self.t2d_index)
+            final = r.final_hidden.to(self.device)
+            p, lab, arg = verifier_targets(final, self.lm_head, self.draft_ids, self.t2d_index,
+                                           with_argmax=True)
             probs.append(p)
             label[b, pos.to(self.device)] = lab
+            top[b, pos.to(self.device)] = arg
+            if self.keep_final_hidden:
+                finals.append(final.float())
         n_real = sum(r.input_ids.numel() for r in rows)
         packed = torch.cat(probs) if probs else torch.zeros(0, K, device=self.device)
-        return TrainBatch(ids, aux, sup, packed, label, n_real).to(self.device)
+        final_hidden = torch.cat(finals) if finals else None
+        return TrainBatch(ids, aux, sup, packed, label, n_real, top,
+                          final_hidden).to(self.device)

@@ -205,7 +205,9 @@ EAGLE3_OPTIONS = frozenset({"ttt_steps", "step_weight", "loss", "align_topk", "o
                             "norm_before_fc", "fc_norm", "norm_output", "drafter_layer"})
 #: ``TrainConfig`` fields only the DFlash kind reads.
 DFLASH_OPTIONS = frozenset({"dflash_block_size", "dflash_layers", "dflash_anchors",
-                            "dflash_gamma", "dflash_mask_token_id"})
+                            "dflash_gamma", "dflash_mask_token_id", "dflash_anchor_draw",
+                            "dflash_weights", "dflash_dpace_alpha", "dflash_labels",
+                            "dflash_init_std", "dflash_target_layers"})
 #: DFlash's default block size (``--dflash-block-size``; ``specdraft run`` evaluates it with
 #: ``k`` = block size - 1).
 DFLASH_BLOCK_SIZE = 8

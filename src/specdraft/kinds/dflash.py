@@ -22,7 +22,8 @@ from specdraft.artifacts.validate import ExportRefused
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.core.verifier_identity import drafter_identity
 from specdraft.kinds import DFLASH_BLOCK_SIZE
-from specdraft.models.dflash import DFlashConfig, DFlashDraftModel
+from specdraft.models.dflash import DFlashConfig, DFlashDraftModel, init_normal_, \
+    spread_target_layer_ids
 
 
 def config_from_dict(raw: dict[str, Any]) -> DFlashConfig:
@@ -55,7 +56,10 @@ def build(options: Any, profile: Any, source: Any, head: dict[str, torch.Tensor]
     """A fresh DFlash drafter shaped from the verifier's profile, reading the source's aux
     layers (:func:`target_layer_ids`); the verifier's embedding and head are copied into the
     frozen tables (the draft vocabulary ``d2t``/``t2d`` is not used: DFlash reads out with the
-    verifier's full head). ``options``: the train config's ``dflash_*`` fields and ``seed``.
+    verifier's full head). ``options``: the train config's ``dflash_*`` fields and ``seed``;
+    ``dflash_target_layers`` ``spread`` checks the run's aux layers against
+    :func:`~specdraft.models.dflash.spread_target_layer_ids`, ``dflash_init_std`` redraws the
+    linear weights (:func:`~specdraft.models.dflash.init_normal_`).
 
     Raises :class:`ConfigError` when an aux id has no layer-output id (0, the embeddings, or the
     last layer's post-norm state) or the verifier's shape is not one the DFlash layer implements,
@@ -66,10 +70,22 @@ def build(options: Any, profile: Any, source: Any, head: dict[str, torch.Tensor]
         raise ConfigError(f"aux layer ids {aux}: a DFlash drafter reads layer outputs, HF "
                           f"hidden_states 1..{n - 1} of this {n}-layer verifier (extract with "
                           f"--aux-layers inside that range)")
+    ids = target_layer_ids(aux)
+    if getattr(options, "dflash_target_layers", "extract") == "spread":
+        want = spread_target_layer_ids(n, options.dflash_layers)
+        if want != ids:
+            from specdraft.core.aux_ids import dflash_target_to_hf_ids
+
+            raise ConfigError(
+                f"--dflash-target-layers spread: a {options.dflash_layers}-layer drafter on "
+                f"this {n}-layer verifier reads target_layer_ids {want} (z-lab/SpecForge's "
+                f"rule), but the run extracted aux ids {aux} (target_layer_ids {ids}); "
+                f"extract with --aux-layers "
+                f"{','.join(str(i) for i in dflash_target_to_hf_ids(want))}")
     mask_id = options.dflash_mask_token_id if options.dflash_mask_token_id is not None \
         else profile.vocab_size - 1
     config = DFlashConfig.from_profile(
-        profile, target_layer_ids=target_layer_ids(aux), mask_token_id=mask_id,
+        profile, target_layer_ids=ids, mask_token_id=mask_id,
         block_size=options.dflash_block_size, num_hidden_layers=options.dflash_layers,
         verifier_identity=identity)
     if source.hidden_size != config.target_hidden_size or \
@@ -79,6 +95,9 @@ def build(options: Any, profile: Any, source: Any, head: dict[str, torch.Tensor]
                          f"of {head['lm_head.weight'].shape[0]} rows")
     torch.manual_seed(options.seed)
     drafter = DFlashDraftModel(config)
+    std = getattr(options, "dflash_init_std", None)
+    if std is not None:  # after torch's defaults, from the same seeded global generator
+        init_normal_(drafter, std)
     with torch.no_grad():
         drafter.embed_tokens.weight.copy_(head["embed_tokens.weight"].float())
         drafter.lm_head.weight.copy_(head["lm_head.weight"].float())

@@ -174,6 +174,37 @@ class DFlashConfig:
         return cls(**values)
 
 
+def spread_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The default target layers of z-lab's DFlash and SpecForge: as many as the drafter has
+    layers, spread evenly from layer-output id 1 to ``L - 3`` and rounded (Python's ``round``,
+    half to even), or ``[L // 2]`` for a 1-layer drafter; layer-output ids (module doc: HF
+    ``hidden_states[id + 1]``). Source: z-lab/dflash ``modeling_dflash.py`` and
+    sgl-project/SpecForge ``specforge/modeling/draft/dflash.py`` ``build_target_layer_ids``
+    (read for the rule). A 2-layer drafter on a 30-layer verifier reads ``[1, 27]``.
+
+    Raises :class:`ConfigError` when the verifier has fewer than 4 layers (no id 1 below
+    ``L - 3``) or the drafter has none."""
+    L, n = int(num_target_layers), int(num_draft_layers)
+    if n < 1 or L < 4:
+        raise ConfigError(f"spread target layers: {n} draft layers on a {L}-layer verifier "
+                          f"(needs >= 1 draft layer and >= 4 verifier layers)")
+    if n == 1:
+        return [L // 2]
+    return [int(round(1 + i * (L - 4) / (n - 1))) for i in range(n)]
+
+
+def init_normal_(model: nn.Module, std: float, generator: torch.Generator | None = None
+                 ) -> None:
+    """Draw every trainable ``nn.Linear`` weight of ``model`` from N(0, std²) in place (HF's
+    ``_init_weights`` with ``initializer_range`` = ``std``; z-lab and SpecForge build their
+    drafter with it at 0.02); norms keep their ones, the frozen verifier tables (embedding,
+    head) are not touched. ``generator``: None uses torch's global generator."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and module.weight.requires_grad:
+                module.weight.normal_(0.0, std, generator=generator)
+
+
 def config_problems(c: DFlashConfig) -> list[str]:
     """Every inconsistency of ``c``, each naming the field (empty when valid)."""
     out = []

@@ -103,6 +103,43 @@ class TrainConfig(StageConfig):
                                                                      "token id (none: the "
                                                                      "verifier's last "
                                                                      "vocabulary id).")
+    dflash_anchor_draw: Literal["replacement", "distinct"] = Field(
+        "replacement", description="DFlash: replacement (--dflash-anchors blocks per row drawn "
+                                   "with replacement among positions a with loss_mask[a+1] == "
+                                   "1) or distinct (up to --dflash-anchors distinct anchors "
+                                   "per row, only where vLLM anchors: a generated token, "
+                                   "loss_mask[a] == 1, whose next token is supervised).")
+    dflash_weights: Literal["exp", "dpace"] = Field(
+        "exp", description="DFlash slot weights: exp (exp(-(j-1)/gamma)) or dpace (D-PACE, "
+                           "arXiv 2605.18810: each slot weighted by the expected accepted "
+                           "length it can still add, from the drafter's own detached "
+                           "probabilities; docs/drafters.md).")
+    dflash_dpace_alpha: float = Field(0.5, gt=0, le=1, description="DFlash --dflash-weights "
+                                                                   "dpace: confidence smoothing "
+                                                                   "(1 - alpha) p + alpha.")
+    dflash_labels: Literal["row", "verifier", "soft"] = Field(
+        "row", description="DFlash slot targets: row (the row's own tokens), verifier (the "
+                           "verifier's argmax at the previous position) or soft (the "
+                           "verifier's full-vocabulary distribution there: forward KL).")
+    dflash_init_std: float | None = Field(None, gt=0, description="DFlash: draw every trained "
+                                                                  "linear weight from N(0, "
+                                                                  "std^2), as HF/z-lab's "
+                                                                  "initializer_range 0.02 "
+                                                                  "(none: torch's defaults).")
+    dflash_target_layers: Literal["extract", "spread"] = Field(
+        "extract", description="DFlash target layers: extract (the run's aux layers) or spread "
+                               "(z-lab/SpecForge's rule: as many as draft layers, spread from "
+                               "layer 1 to L-3; the run must have extracted them).")
+    loss_focal_weight: float = Field(0.0, ge=0, description="Weight of the first-error focal "
+                                                            "term: (1-p)^gamma * -log p at each "
+                                                            "chain's or block's first wrong "
+                                                            "step (0: off; docs/drafters.md).")
+    loss_focal_gamma: float = Field(2.0, ge=0, description="Focusing exponent gamma of the "
+                                                           "first-error focal term.")
+    loss_expected_length_weight: float = Field(
+        0.0, ge=0, description="Weight of the expected-accepted-length term: sum_k (1 - "
+                               "prod_{j<=k} p_j) per chain or block, p_j the drafter's "
+                               "probability of step j's target (0: off; docs/drafters.md).")
     parallel: Literal["ddp", "fsdp"] = Field("ddp", description="Data parallelism under "
                                                                 "torchrun.")
     device: str | None = Field(None, description="cpu, cuda, cuda:1 (none: cuda:LOCAL_RANK when "

@@ -77,6 +77,75 @@ def _rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return x[rows]
 
 
+def chain_mask(valid: torch.Tensor) -> torch.Tensor:
+    """valid [S, ...] bool -> [S, ...] bool: step ``k`` of a chain counts only while every step
+    ``j <= k`` has a target (a chain ends at its first step without one: nothing after it can
+    be accepted, or checked)."""
+    return valid.long().cumprod(0).bool()
+
+
+def expected_length_term(logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The expected-accepted-length term, summed over chains: ``sum_c sum_k M_k (1 - prod_{j<=k}
+    p_j)`` (a scalar, float32), where ``p_j = exp(logp_j)`` is the drafter's probability of
+    step ``j``'s target token and ``M`` = :func:`chain_mask`. ``sum_k M_k prod_{j<=k} p_j`` is
+    the expected number of accepted drafts when step ``j`` is accepted with probability
+    ``p_j`` given that steps ``< j`` were (greedy verification accepts step ``k`` only when steps
+    ``1..k`` all match); the term is the expected number of the chain's targets *not* accepted,
+    so it is >= 0, 0 at perfection, and its gradient is minus that of the expected length.
+
+    After arXiv 2606.11552 ("Teaching Diffusion to Speculate Left-to-Right"), its chain term: a
+    differentiable surrogate of the expected accepted length (the paper's exact equation was
+    not available to us: this definition is ours, written from its abstract; docs/drafters.md).
+    A chain is one EAGLE-3 column unrolled over its TTT steps or one DFlash block over its mask
+    slots.
+
+    logp [S, ...] float: ``log p`` of each step's target (any value where ``valid`` is False:
+    replaced by 0 before use, so a ``-inf`` there gives no NaN); valid [S, ...] bool. The
+    product is ``exp(cumsum(log p))`` in float32 (no clamp: ``log_softmax`` is finite, and a
+    product that underflows to 0 has gradient 0). Gradients flow through every factor:
+    ``d term / d log p_j = -sum_{k >= j} M_k prod_{i<=k} p_i`` (D-PACE's weight at alpha 0).
+    """
+    m = chain_mask(valid)
+    cum = torch.where(m, logp.float(), torch.zeros((), device=logp.device)).cumsum(0)
+    return (m.float() * (1 - cum.exp())).sum()
+
+
+def first_error_focal_term(logp: torch.Tensor, hit: torch.Tensor, valid: torch.Tensor,
+                           gamma: float) -> torch.Tensor:
+    """The first-error focal term, summed over chains: at each chain's first wrong step ``f``
+    (the first ``k`` with ``M_k`` whose greedy draft is not its target, every step before it
+    right: the step that ends the accepted prefix), ``(1 - p_f)^gamma * (-log p_f)``; chains
+    with no wrong step add 0. A scalar, float32.
+
+    After arXiv 2606.11552's first-error focal loss (the focal form of Lin et al., arXiv
+    1708.02002, at the position that breaks the accepted prefix; the paper's exact equation was
+    not available to us: this definition is ours, docs/drafters.md).
+
+    logp [S, ...] float (``log p`` of each step's target), hit [S, ...] bool (the drafter's
+    argmax is the target: detached, it only chooses ``f``), valid [S, ...] bool. Gradients flow
+    through both factors at ``f`` (``p_f`` is not detached, as in the focal loss), none
+    elsewhere; ``gamma = 0`` is the plain cross-entropy of the first wrong step.
+    """
+    m = chain_mask(valid)
+    right_before = torch.cat([torch.ones_like(hit[:1]), (hit | ~m)[:-1].long().cumprod(0).bool()])
+    first = m & ~hit & right_before  # [S, ...]
+    lp = torch.where(first, logp.float(), torch.zeros((), device=logp.device))
+    return (first.float() * (1 - lp.exp()).clamp(min=0).pow(gamma) * -lp).sum()
+
+
+def acceptance_terms(logp: torch.Tensor, hit: torch.Tensor, valid: torch.Tensor, *,
+                     focal_weight: float, focal_gamma: float, length_weight: float
+                     ) -> torch.Tensor:
+    """``focal_weight * first_error_focal_term + length_weight * expected_length_term`` (a
+    scalar; a weight of 0 skips its term). Shapes as :func:`expected_length_term`."""
+    out = logp.new_zeros((), dtype=torch.float32)
+    if focal_weight:
+        out = out + focal_weight * first_error_focal_term(logp, hit, valid, focal_gamma)
+    if length_weight:
+        out = out + length_weight * expected_length_term(logp, valid)
+    return out
+
+
 @dataclass
 class StepOutput:
     """What one TTT unroll returns (all detached except ``loss``).
@@ -97,11 +166,21 @@ class TTTObjective(nn.Module):
     Distributed wrappers (DDP, FSDP2) hook ``forward``, so the unroll must live in one; the
     drafter itself stays plain (parallelism is applied from outside, in
     :mod:`specdraft.train.distributed`).
+
+    Acceptance terms (``focal_weight``, ``length_weight`` > 0): a column unrolled over its
+    steps is a chain; :func:`acceptance_terms` of its steps' ``log p`` of the label (the
+    verifier's greedy token, a draft id), divided by ``norm[0]`` (the chains that start in the
+    global batch), are added to the loss. A step counts while its label is supervised and in
+    the draft vocabulary (an out-of-vocabulary label ends the chain: it can never be drafted).
     """
 
     def __init__(self, drafter: Eagle3DraftModel, *, steps: int, step_weight: float = 0.8,
-                 loss: str = "soft", oov_policy: str = "mask", align_topk: int = 0) -> None:
+                 loss: str = "soft", oov_policy: str = "mask", align_topk: int = 0,
+                 focal_weight: float = 0.0, focal_gamma: float = 2.0,
+                 length_weight: float = 0.0) -> None:
         super().__init__()
+        self.focal_weight, self.focal_gamma = focal_weight, focal_gamma
+        self.length_weight = length_weight
         self.drafter = drafter
         self.steps = steps
         self.weights = [step_weight ** k for k in range(steps)]
@@ -143,6 +222,8 @@ class TTTObjective(nn.Module):
         aligned = torch.ones(B, L, dtype=torch.bool, device=cols.device)  # [B, L] (align_topk)
         loss = hidden.new_zeros((), dtype=torch.float32)
         loss_sum, hits, sups = [], [], []
+        terms = self.focal_weight or self.length_weight
+        chain: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logp, valid) [B, L] per step
         for k in range(self.steps):
             ids = shift(batch.input_ids, k, L)  # [B, L] token x_{t+1+k}
             prenorm = m.ttt_step(ids, hidden, cols + k, history)  # [B, L, H]
@@ -163,13 +244,34 @@ class TTTObjective(nn.Module):
             hit = torch.zeros_like(sup)
             hit[b, t] = logits.detach().argmax(-1) == label
             hits.append(hit)
+            if terms:
+                chain.append(self.chain_step(logits, label, b, t, sup))
             if self.align_topk and k + 1 < self.steps:
                 top = logits.detach().topk(min(self.align_topk, logits.shape[-1]), dim=-1).indices
                 in_top = torch.zeros_like(sup)
                 in_top[b, t] = (top == label.unsqueeze(-1)).any(-1)  # label -1: never in top
                 aligned = aligned & in_top
             sups.append(sup)
+        if terms:
+            logp, valid = (torch.stack(x) for x in zip(*chain))  # [S, B, L]
+            extra = acceptance_terms(logp, torch.stack(hits), valid,
+                                     focal_weight=self.focal_weight,
+                                     focal_gamma=self.focal_gamma,
+                                     length_weight=self.length_weight)
+            loss = loss + (extra / norm[0] if norm[0] > 0 else 0.0 * extra)
         return StepOutput(loss, torch.stack(loss_sum), torch.stack(hits), torch.stack(sups))
+
+    def chain_step(self, logits: torch.Tensor, label: torch.Tensor, b: torch.Tensor,
+                   t: torch.Tensor, sup: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logp, valid) [B, L] of one step for the acceptance terms: ``log p`` of the label at
+        the supervised columns ``(b, t)`` (logits [N, K], label [N], -1 outside the draft
+        vocabulary), 0 elsewhere; valid where the label is supervised and in the vocabulary."""
+        inside = label >= 0
+        lp = F.log_softmax(logits.float(), -1).gather(-1, label.clamp(min=0)[:, None])[:, 0]
+        dense = torch.zeros(sup.shape, device=lp.device).index_put((b, t), lp * inside)
+        valid = torch.zeros_like(sup)
+        valid[b, t] = inside
+        return dense, valid
 
     def loss_counts(self, batch: TrainBatch) -> torch.Tensor:
         """[S] float: loss positions per step in ``batch`` (known before the forward)."""
@@ -181,6 +283,10 @@ class TTTObjective(nn.Module):
 
 def ttt_objective(drafter: Eagle3DraftModel, cfg: Any) -> TTTObjective:
     """The EAGLE-3 kind's objective (:mod:`specdraft.kinds`) from the train config's options:
-    ``ttt_steps``, ``step_weight``, ``loss``, ``oov_policy``, ``align_topk``."""
+    ``ttt_steps``, ``step_weight``, ``loss``, ``oov_policy``, ``align_topk`` and the shared
+    acceptance terms (``loss_focal_weight``, ``loss_focal_gamma``,
+    ``loss_expected_length_weight``)."""
     return TTTObjective(drafter, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
-                        loss=cfg.loss, oov_policy=cfg.oov_policy, align_topk=cfg.align_topk)
+                        loss=cfg.loss, oov_policy=cfg.oov_policy, align_topk=cfg.align_topk,
+                        focal_weight=cfg.loss_focal_weight, focal_gamma=cfg.loss_focal_gamma,
+                        length_weight=cfg.loss_expected_length_weight)

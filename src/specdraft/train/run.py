@@ -220,11 +220,15 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
     objective = kinds.resolve(kinds.get(cfg.drafter).objective)(drafter, cfg)
     lengths = row_lengths(source)
     train_idx, val_idx = split_indices(source.keys(), cfg.val_fraction, cfg.seed)
-    data = Data(source, Collator(head["lm_head.weight"], d2t, env.device), train_idx, val_idx,
-                lengths)
+    keep = getattr(objective, "needs_final_hidden", False)  # a full-vocabulary teacher
+    data = Data(source, Collator(head["lm_head.weight"], d2t, env.device,
+                                 keep_final_hidden=keep), train_idx, val_idx, lengths)
     teacher = preflight_teacher(cfg, verifier, data, env)
     trainer = Trainer(cfg, env, objective, wrap(objective, env, cfg.parallel), data, out)
     figures = fit(trainer, resume=cfg.resume)
+    report = getattr(objective, "run_report", None)  # an objective's run-level figures
+    if report is not None:
+        figures.update(report(env))
     counts = {"rows": len(lengths), "rows_train": len(train_idx), "rows_val": len(val_idx),
               "tokens_train": sum(lengths[i] for i in train_idx)}
     extra = {**figures, "world_size": env.world_size, "parallel": cfg.parallel,
