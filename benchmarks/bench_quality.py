@@ -49,7 +49,60 @@ DRAFTERS = {"eagle3": {},
             "dflash": {"drafter": "dflash", "dflash_block_size": 5, "dflash_layers": 2}}
 
 
-def pipeline_yaml(run_dir: Path, n_train: int, epochs: int, eval_limit: int = 100,
+#: ``--ablation NAME``: issue 37's recipe differences and acceptance terms, one per row, each
+#: ``(drafter, train fields, extract fields)`` on top of ``--drafter``'s (docs/benchmarks.md
+#: "DFlash ablation (to run)"; every default is today's, so ``dflash`` is the baseline row).
+#: ``dflash-spread-layers`` needs its own extraction: SmolLM2 has 30 layers, z-lab/SpecForge's
+#: rule gives a 2-layer drafter target_layer_ids [1, 27] = aux ids [2, 28].
+ABLATIONS: dict[str, tuple[str, dict, dict]] = {
+    "dflash": ("dflash", {}, {}),
+    "dflash-distinct32": ("dflash", {"dflash_anchor_draw": "distinct"}, {}),
+    "dflash-distinct64": ("dflash", {"dflash_anchor_draw": "distinct", "dflash_anchors": 64}, {}),
+    "dflash-distinct-all": ("dflash", {"dflash_anchor_draw": "distinct",
+                                       "dflash_anchors": 512}, {}),
+    "dflash-dpace": ("dflash", {"dflash_weights": "dpace"}, {}),
+    "dflash-labels-verifier": ("dflash", {"dflash_labels": "verifier"}, {}),
+    "dflash-labels-soft": ("dflash", {"dflash_labels": "soft"}, {}),
+    "dflash-init-normal": ("dflash", {"dflash_init_std": 0.02}, {}),
+    "dflash-clip1": ("dflash", {"grad_clip": 1.0}, {}),
+    "dflash-beta2-0999": ("dflash", {"beta2": 0.999}, {}),
+    "dflash-cosine-to-0": ("dflash", {"min_lr_ratio": 0.0}, {}),
+    "dflash-spread-layers": ("dflash", {"dflash_target_layers": "spread"},
+                             {"aux_layers": [2, 28]}),
+    "dflash-focal": ("dflash", {"loss_focal_weight": 1.0}, {}),
+    "dflash-explen": ("dflash", {"loss_expected_length_weight": 1.0}, {}),
+    "dflash-focal-explen": ("dflash", {"loss_focal_weight": 1.0,
+                                       "loss_expected_length_weight": 1.0}, {}),
+    "eagle3.1-focal": ("eagle3.1", {"loss_focal_weight": 1.0}, {}),
+    "eagle3.1-explen": ("eagle3.1", {"loss_expected_length_weight": 1.0}, {}),
+    "eagle3.1-focal-explen": ("eagle3.1", {"loss_focal_weight": 1.0,
+                                           "loss_expected_length_weight": 1.0}, {}),
+}
+
+
+def apply_sets(cfg: dict, section: str, items: list[str]) -> None:
+    """``KEY=VALUE`` items (YAML values) into ``cfg[section]``; ValueError naming a malformed
+    item."""
+    import yaml
+
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--{section}-set {item!r}: expected KEY=VALUE")
+        cfg[section][key] = yaml.safe_load(value)
+
+
+def ablation_config(run_dir: Path, name: str, **kw) -> dict:
+    """The pipeline config of ablation row ``name`` (:data:`ABLATIONS`): :func:`pipeline_yaml`
+    of its drafter with its train and extract fields."""
+    drafter, train, extract = ABLATIONS[name]
+    cfg = pipeline_yaml(run_dir, drafter=drafter, **kw)
+    cfg["train"].update(train)
+    cfg["extract"].update(extract)
+    return cfg
+
+
+def pipeline_yaml(run_dir: Path, n_train: int = 1000, epochs: int = 2, eval_limit: int = 100,
                   chats: Path | None = None, storage: str = "bf16", seed: int = 0,
                   ttt_steps: int = 4, train_dtype: str | None = None,
                   drafter: str = "eagle3") -> dict:
@@ -137,9 +190,17 @@ def main() -> None:
     ap.add_argument("--drafter", default="eagle3", choices=sorted(DRAFTERS),
                     help="which drafter specdraft trains (docs/drafters.md); with --from train "
                     "on a copy of another run's generate..extract: the same data")
+    ap.add_argument("--ablation", default=None, choices=sorted(ABLATIONS),
+                    help="one row of the DFlash/acceptance ablation (ABLATIONS: its drafter and "
+                    "settings; replaces --drafter), e.g. with --from train on a copy of the "
+                    "baseline's generate..extract")
     ap.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE",
                     help="override one train field (YAML value; e.g. dflash_anchors=64), "
                     "repeatable: a variant of --drafter on the same data")
+    ap.add_argument("--extract-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one extract field (YAML value; e.g. aux_layers=[2,28] for "
+                    "--train-set dflash_target_layers=spread), repeatable; with "
+                    "generate..vocab copied, --from extract")
     ap.add_argument("--peer", action="store_true", help="also train speculators 0.9.0 on the "
                     "same rows and hidden states and eval its drafter the same way")
     ap.add_argument("--peer-kind", default="eagle3", choices=sorted(PEERS),
@@ -155,19 +216,19 @@ def main() -> None:
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = args.run_dir / "bench-quality.yaml"
-    cfg_path.write_text(yaml.safe_dump(pipeline_yaml(args.run_dir, args.n_train, args.epochs,
-                                                     args.eval_limit, args.chats,
-                                                     args.storage, args.seed,
-                                                     args.ttt_steps, args.train_dtype,
-                                                     args.drafter)))
-    if args.train_set:
-        cfg = yaml.safe_load(cfg_path.read_text())
-        for item in args.train_set:
-            key, sep, value = item.partition("=")
-            if not sep:
-                ap.error(f"--train-set {item!r}: expected KEY=VALUE")
-            cfg["train"][key] = yaml.safe_load(value)
-        cfg_path.write_text(yaml.safe_dump(cfg))
+    if args.ablation:  # its drafter, for what reads --drafter after this (--peer)
+        args.drafter = ABLATIONS[args.ablation][0]
+    kw = dict(n_train=args.n_train, epochs=args.epochs, eval_limit=args.eval_limit,
+              chats=args.chats, storage=args.storage, seed=args.seed, ttt_steps=args.ttt_steps,
+              train_dtype=args.train_dtype)
+    cfg = ablation_config(args.run_dir, args.ablation, **kw) if args.ablation else \
+        pipeline_yaml(args.run_dir, drafter=args.drafter, **kw)
+    try:
+        apply_sets(cfg, "train", args.train_set)
+        apply_sets(cfg, "extract", args.extract_set)
+    except ValueError as err:
+        ap.error(str(err))
+    cfg_path.write_text(yaml.safe_dump(cfg))
     config = PipelineConfig.from_yaml(cfg_path)
     t0 = time.monotonic()
     manifest = run(config, from_stage=args.from_stage or ("prepare" if args.chats else None))

@@ -12,38 +12,112 @@ skipped. ``--peer RUN``: also speculators' drafter of
 ``--peer DIR`` again, with DIR a peer directory (``RUN/peer-dflash``, ...: ``--peer-kind``),
 adds that peer as a row (the first ``--peer`` stays the reference). ``--pair A B``: also
 row A's ratio to row B (e.g. ``--pair dflash spec:dflash``: each trainer's DFlash).
+
+The headline comparison as JSON (``--headline NAME A B``, NAME one of :data:`HEADLINES`; A and
+B row names, or comma-separated lists of them, one pair per training seed), written to
+``--json`` (default ``docs/quality-latest.json``) with the date, the commit and the seeds::
+
+    python benchmarks/quality_table.py B/eagle3 B/dflash B/e31-3ep --peer B/eagle3 \
+        --peer B/dflash/peer-dflash \
+        --headline dflash_vs_peer_dflash_equal_epochs dflash spec:dflash \
+        --headline best_vs_peer_best_equal_wallclock e31-3ep spec:dflash
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import subprocess
 from pathlib import Path
+from typing import Any
 
 from specdraft.eval.compare import tau_ratio_ci
 
 #: set -> (its eval directory in a run, in a peer directory)
 SETS = {"gsm8k": ("eval", "eval-gsm8k"), "mt": ("eval-mtbench", "eval-mtbench")}
+#: the comparisons ``--headline`` may name (issue 37's goal, docs/benchmarks.md)
+HEADLINES = ("dflash_vs_peer_dflash_equal_epochs", "best_vs_peer_best_equal_wallclock")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", type=Path, nargs="+")
-    ap.add_argument("--peer", type=Path, action="append", default=[])
-    ap.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
-    a = ap.parse_args()
-    rows = {r.name: {s: r / d[0] / "results.json" for s, d in SETS.items()} for r in a.runs}
-    seconds = {r.name: load(r / "train" / "manifest.json")["elapsed_s"] for r in a.runs}
-    for peer in a.peer:
+def collect(runs: list[Path], peers: list[Path]) -> tuple[dict, dict, dict]:
+    """(rows: name -> {set: results.json path}, train seconds by name, seeds by name: the
+    ``seed`` of a specdraft run's train config, None for a peer)."""
+    rows = {r.name: {s: r / d[0] / "results.json" for s, d in SETS.items()} for r in runs}
+    seconds, seeds = {}, {}
+    for r in runs:
+        manifest = load(r / "train" / "manifest.json")
+        seconds[r.name] = manifest["elapsed_s"]
+        seeds[r.name] = (manifest.get("config") or {}).get("seed")
+    for peer in peers:
         pdir = peer / "peer" if (peer / "peer" / "trained.json").exists() else peer
         name = "speculators" if pdir.name == "peer" else f"spec:{pdir.name.removeprefix('peer-')}"
         rows[name] = {s: pdir / d[1] / "results.json" for s, d in SETS.items()}
-        seconds[name] = load(pdir / "trained.json")["seconds"]
-    refs = [a.runs[0].name] + ([n for n in rows if n.startswith("spec")][:1] if a.peer else [])
+        seconds[name], seeds[name] = load(pdir / "trained.json")["seconds"], None
+    return rows, seconds, seeds
+
+
+def headline(rows: dict, name: str, a: str, b: str, seeds: dict) -> dict[str, Any]:
+    """One headline comparison: rows ``a`` over rows ``b`` (comma-separated, one pair per
+    seed). Per set measured for every pair: each pair's paired-bootstrap ratio and interval
+    (``per_seed``), and over the pairs ``ratio`` = their mean, ``lo`` = the lowest ``lo``,
+    ``hi`` = the highest ``hi`` (one pair: its own), ``spread`` = the ratios' max - min. The
+    top-level ``ratio``, ``lo``, ``hi`` are GSM8K's. Raises ValueError naming an unknown row
+    or unequal lists."""
+    xs, ys = a.split(","), b.split(",")
+    if len(xs) != len(ys) and len(ys) != 1:
+        raise ValueError(f"--headline {name}: {len(xs)} rows over {len(ys)}: give one peer row "
+                         f"or one per seed")
+    ys = ys * len(xs) if len(ys) == 1 else ys
+    unknown = [r for r in xs + ys if r not in rows]
+    if unknown:
+        raise ValueError(f"--headline {name}: no row {unknown} (rows: {sorted(rows)})")
+    out: dict[str, Any] = {"drafter": xs, "peer": ys, "seeds": [seeds.get(x) for x in xs],
+                           "by_set": {}}
+    for s in SETS:
+        if not all(rows[r][s].exists() for r in xs + ys):
+            continue
+        per = []
+        for x, y in zip(xs, ys):
+            ci = tau_ratio_ci(load(rows[x][s]), load(rows[y][s]))
+            per.append({"drafter": x, "peer": y, "seed": seeds.get(x), "ratio": ci.ratio,
+                        "lo": ci.low, "hi": ci.high, "prompts": ci.prompts})
+        ratios = [p["ratio"] for p in per]
+        out["by_set"][s] = {"ratio": sum(ratios) / len(ratios),
+                            "lo": min(p["lo"] for p in per), "hi": max(p["hi"] for p in per),
+                            "spread": max(ratios) - min(ratios), "per_seed": per}
+    top = out["by_set"].get("gsm8k", {})
+    out.update(ratio=top.get("ratio"), lo=top.get("lo"), hi=top.get("hi"))
+    return out
+
+
+def git_commit() -> str:
+    """The repository's HEAD commit ("unknown" outside a git checkout)."""
+    res = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                         text=True)
+    return res.stdout.strip() if res.returncode == 0 else "unknown"
+
+
+def write_json(path: Path, heads: dict[str, dict], *, commit: str | None = None,
+               date: str | None = None) -> dict[str, Any]:
+    """Write the headline comparisons to ``path`` (``{"date", "commit", "seeds", NAME: ...}``,
+    ``seeds`` the sorted training seeds of every headline's drafter rows); returns it."""
+    seeds = sorted({s for h in heads.values() for s in h["seeds"] if s is not None})
+    doc = {"date": date or datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+           "commit": commit or git_commit(), "seeds": seeds, **heads}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def print_table(rows: dict, seconds: dict, refs: list[str], pairs: list) -> None:
+    """The table of docs/benchmarks.md: per set, each row's τ, per-position rates, its ratio to
+    each reference and its train seconds; then each ``--pair``."""
     for s in SETS:
         missing = [n for n, files in rows.items() if not files[s].exists()]
         if missing:
@@ -60,9 +134,36 @@ def main() -> None:
                 ratios.append(f"{ci.ratio:.3f} [{ci.low:.3f}, {ci.high:.3f}]")
             print(f"  {name:<22} {res['tau']:.3f} [{pos}]   " + "   ".join(ratios)
                   + f"   {seconds[name]:.0f}")
-        for x, y in a.pair:
+        for x, y in pairs:
             ci = tau_ratio_ci(load(rows[x][s]), load(rows[y][s]))
             print(f"  {x} / {y}: {ci.ratio:.3f} [{ci.low:.3f}, {ci.high:.3f}]")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--peer", type=Path, action="append", default=[])
+    ap.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
+    ap.add_argument("--headline", nargs=3, action="append", default=[],
+                    metavar=("NAME", "A", "B"), help=f"a headline comparison for the JSON: "
+                    f"NAME in {', '.join(HEADLINES)}; A, B row names (comma-separated: one "
+                    f"pair per seed)")
+    ap.add_argument("--json", type=Path, default=REPO / "docs" / "quality-latest.json",
+                    help="where --headline writes (default docs/quality-latest.json)")
+    a = ap.parse_args(argv)
+    for name, _, _ in a.headline:
+        if name not in HEADLINES:
+            ap.error(f"--headline {name}: not one of {', '.join(HEADLINES)}")
+    rows, seconds, seeds = collect(a.runs, a.peer)
+    refs = [a.runs[0].name] + ([n for n in rows if n.startswith("spec")][:1] if a.peer else [])
+    print_table(rows, seconds, refs, a.pair)
+    if a.headline:
+        try:
+            heads = {name: headline(rows, name, x, y, seeds) for name, x, y in a.headline}
+        except ValueError as err:
+            ap.error(str(err))
+        write_json(a.json, heads)
+        print(f"\nheadline -> {a.json}")
 
 
 if __name__ == "__main__":

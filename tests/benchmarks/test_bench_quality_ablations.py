@@ -1,0 +1,63 @@
+"""``benchmarks/bench_quality.py --ablation NAME``: every row of the DFlash / acceptance-term
+ablation (docs/benchmarks.md "DFlash ablation (to run)") builds a pipeline config that
+validates, differs from its baseline in exactly its own settings, and keeps today's defaults
+in the baseline rows. Nothing is trained or run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bench_quality  # noqa: E402
+from specdraft.pipeline.config import PipelineConfig  # noqa: E402
+
+
+@pytest.mark.parametrize("name", sorted(bench_quality.ABLATIONS))
+def test_each_ablation_row_is_a_valid_config(tmp_path, name):
+    drafter, train, extract = bench_quality.ABLATIONS[name]
+    cfg = bench_quality.ablation_config(tmp_path / "run", name)
+    base = bench_quality.pipeline_yaml(tmp_path / "run", drafter=drafter)
+    changed = {k for k in cfg["train"] if cfg["train"][k] != base["train"].get(k)}
+    assert changed == set(train)  # exactly its own train settings
+    assert {k for k in cfg["extract"] if cfg["extract"][k] != base["extract"].get(k)} == \
+        set(extract)
+    path = tmp_path / "bench-quality.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    config = PipelineConfig.from_yaml(path)  # every field validates (names, values, kinds)
+    stage = config.stages["train"]
+    for key, value in train.items():
+        assert getattr(stage, key) == value
+
+
+def test_baseline_rows_keep_todays_defaults(tmp_path):
+    """The ``dflash`` row is the DFlash of the 2026-12-04 tables: no new setting."""
+    from specdraft.train.config import TrainConfig
+
+    cfg = bench_quality.ablation_config(tmp_path, "dflash")
+    t = TrainConfig(run_dir=tmp_path, **cfg["train"])
+    assert (t.dflash_anchor_draw, t.dflash_weights, t.dflash_labels, t.dflash_init_std,
+            t.dflash_target_layers, t.loss_focal_weight, t.loss_expected_length_weight) == \
+        ("replacement", "exp", "row", None, "extract", 0.0, 0.0)
+    assert (t.dflash_anchors, t.grad_clip, t.beta2, t.min_lr_ratio) == (32, 0.5, 0.95, 0.1)
+
+
+def test_spread_row_extracts_the_rule_layers():
+    """SmolLM2-135M has 30 layers: the rule's [1, 27] + 1 are the row's aux layers."""
+    from specdraft.models.dflash import spread_target_layer_ids
+
+    layers = bench_quality.DRAFTERS["dflash"]["dflash_layers"]
+    want = [i + 1 for i in spread_target_layer_ids(30, layers)]
+    assert bench_quality.ABLATIONS["dflash-spread-layers"][2]["aux_layers"] == want
+
+
+def test_set_items_are_parsed_or_refused():
+    cfg = {"train": {}, "extract": {}}
+    bench_quality.apply_sets(cfg, "extract", ["aux_layers=[2, 28]"])
+    assert cfg["extract"]["aux_layers"] == [2, 28]
+    with pytest.raises(ValueError, match="--train-set 'oops'"):
+        bench_quality.apply_sets(cfg, "train", ["oops"])
