@@ -237,6 +237,13 @@ def test_dflash_options_are_dflash_only_and_terms_shared(tmp_path):
         TrainConfig(run_dir=tmp_path, dflash_labels="soft")
     TrainConfig(run_dir=tmp_path, loss_focal_weight=0.5, loss_expected_length_weight=0.1)
     TrainConfig(run_dir=tmp_path, drafter="dflash", loss_focal_weight=0.5)
+    # a knob of a setting that is off is refused, not ignored
+    with pytest.raises(ValidationError, match="--loss-focal-gamma is read only with"):
+        TrainConfig(run_dir=tmp_path, loss_focal_gamma=1.0)
+    with pytest.raises(ValidationError, match="--dflash-dpace-alpha is read only with"):
+        TrainConfig(run_dir=tmp_path, drafter="dflash", dflash_dpace_alpha=0.3)
+    TrainConfig(run_dir=tmp_path, drafter="dflash", dflash_weights="dpace",
+                dflash_dpace_alpha=0.3, loss_focal_weight=1.0, loss_focal_gamma=0.0)
 
 
 def test_training_with_every_new_setting(run_dir, verifier, source):

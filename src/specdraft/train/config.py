@@ -196,6 +196,12 @@ class TrainConfig(StageConfig):
                  if getattr(self, f) != type(self).model_fields[f].default}
         # each kind's own options (its row of specdraft.kinds): another kind's, set, is refused
         # (a setting silently ignored would train something else than asked)
+        idle = {"dflash_dpace_alpha": self.dflash_weights != "dpace",  # a knob of an unused
+                "loss_focal_gamma": self.loss_focal_weight == 0}  # setting: said, not ignored
+        for name in sorted(f for f in given if idle.get(f)):
+            needs = "--dflash-weights dpace" if name == "dflash_dpace_alpha" else \
+                "--loss-focal-weight > 0"
+            raise ValueError(f"--{name.replace('_', '-')} is read only with {needs}")
         other = sorted(kinds.other_kinds_options(self.drafter) & given)
         if other:
             flags = ", ".join("--" + f.replace("_", "-") for f in other)
