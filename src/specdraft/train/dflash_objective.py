@@ -10,6 +10,12 @@ convention of :func:`specdraft.core.conventions.supervised_mask`); its block is 
 ..., mask]`` at positions ``a .. a+K``, it sees the states of positions ``< a`` (as in serving:
 :mod:`specdraft.eval.dflash`), and slot ``j`` is trained on ``ids[a + j]`` where that token is
 supervised. The forward is the one offline eval and vLLM run (:meth:`DFlashDraftModel.forward`).
+
+Settings of the recipe (docs/drafters.md "DFlash recipe settings"; defaults = the above): the
+anchor draw (:func:`vllm_anchorable`, :func:`draw_distinct`), D-PACE slot weights
+(:func:`dpace_weights`), the verifier's argmax or distribution as labels
+(:meth:`DFlashObjective.hard_targets`, :meth:`DFlashObjective.teacher_probs`) and the
+acceptance terms shared with EAGLE-3 (:func:`specdraft.train.objective.acceptance_terms`).
 """
 
 from __future__ import annotations
