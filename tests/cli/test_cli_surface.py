@@ -39,6 +39,7 @@ OTHER_PROGRAMS = {
     "--no-enable-prefix-caching": "vllm serve (engines/live.py)",
     "--enforce-eager": "vllm serve (serve --extra-args)",
     "--max-num-seqs": "vllm serve (serve --extra-args)",
+    "--enable-expert-parallel": "vllm serve (serve --extra-args, docs/scale.md)",
     "--reasoning-parser": "vllm serve (docs/kimi-job.md)",
     "--reasoning-config": "vllm serve (docs/kimi-job.md)",
     "--attention-backend": "vllm serve (docs/kimi-job.md: float32 MLA on an AMX CPU)",
