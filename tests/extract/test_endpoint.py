@@ -130,6 +130,21 @@ def test_resume_after_every_server_died_gives_identical_artifacts(tmp_path, monk
     _same_artifacts(whole, out)
 
 
+def test_resume_through_another_verifier_is_refused(tmp_path, monkeypatch, tiny_model,
+                                                     tiny_verifier_dir, rows):
+    """One server whose states are the verifier's × 1.5 (its normed final state and so its
+    answer are the same, so only the stored rows can tell): the resume probe re-captures a
+    stored row and refuses before any new row."""
+    dying = {A: FakeServer(tiny_model, CAPTURE, str(tiny_verifier_dir), die_after=6)}
+    with pytest.raises(EngineError):
+        _live(tmp_path, monkeypatch, tiny_verifier_dir, rows, dying, endpoint_timeout_s=1.0,
+              endpoint_concurrency=1)
+    other = {A: FakeServer(tiny_model, CAPTURE, str(tiny_verifier_dir), scale=1.5)}
+    with pytest.raises(ConfigError, match=r"stored row s\d+/0 captured now differs"):
+        _live(tmp_path, monkeypatch, tiny_verifier_dir, rows, other, resume=True)
+    assert other[A].completions == 1  # the probe only
+
+
 def test_a_server_that_comes_back_takes_rows_again(tmp_path, monkeypatch, tiny_model,
                                                    tiny_verifier_dir, rows):
     """The only server goes down, comes back within --endpoint-timeout-s: the run finishes."""

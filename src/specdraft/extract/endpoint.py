@@ -199,8 +199,9 @@ def check_servers(servers: Sequence[Server], engine_ids: Sequence[int], verifier
 
 def probe(servers: Sequence[Server], verifier: EngineVerifier, engine_ids: Sequence[int],
           key: str, row: int, input_ids: Sequence[int], capture_dir: Path, timeout_s: float
-          ) -> torch.dtype:
-    """Capture one row on every server and check it (module doc); returns the servers' dtype.
+          ) -> torch.Tensor:
+    """Capture one row on every server and check it (module doc); returns the first server's
+    states ``[T, ids, H]`` (in the servers' dtype).
 
     Raises :class:`ConfigError` naming the server whose states have another shape or dtype than
     the others, differ from the first server's beyond :data:`PROBE_TOL`, or whose final state,
@@ -231,7 +232,7 @@ def probe(servers: Sequence[Server], verifier: EngineVerifier, engine_ids: Seque
         first = hidden if first is None else first
         _check_answer(s, verifier, engine_ids, hidden, answered, key)
     assert first is not None
-    return first.dtype
+    return first
 
 
 def _check_answer(server: Server, verifier: EngineVerifier, engine_ids: Sequence[int],
@@ -426,12 +427,15 @@ def capture_dir(config: Any) -> Path:
 
 
 def open_servers(config: Any, verifier: EngineVerifier, aux_ids: Sequence[int],
-                 probe_row: tuple[str, int, Sequence[int]]
+                 probe_row: tuple[str, int, Sequence[int]], *, codec: Any = None,
+                 stored: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None
                  ) -> tuple[list[Server], dict[str, Any], EngineVerifier]:
     """Connect to ``config.endpoint``, check every server (:func:`check_servers`) and probe it
     with ``probe_row`` = ``(key, dataset row, token ids)`` (:func:`probe`), before any row.
-    Returns the servers, their record for the manifest, and ``verifier`` in the servers' dtype
-    (``--dtype auto``; an explicit other ``--dtype`` raises :class:`ConfigError`)."""
+    ``stored`` (``--resume``, :func:`stored_row`): a row the run already stored, probed instead
+    and compared with what was stored (:func:`_compare_stored`, in ``codec``). Returns the
+    servers, their record for the manifest, and ``verifier`` in the servers' dtype (``--dtype
+    auto``; an explicit other ``--dtype`` raises :class:`ConfigError`)."""
     from specdraft.core.aux_ids import extraction_capture_ids
     from specdraft.extract.vllm_backend import load_engine_verifier
 
@@ -440,15 +444,74 @@ def open_servers(config: Any, verifier: EngineVerifier, aux_ids: Sequence[int],
     record = check_servers(servers, engine_ids, verifier.hf_dir)
     where = capture_dir(config)
     where.mkdir(parents=True, exist_ok=True)
+    if stored is not None:  # --resume: the probe is a row already stored
+        probe_row = (stored[0]["key"], stored[0]["row"], stored[1]["input_ids"].tolist())
     clean_capture_dir(where, [probe_row[1]])
-    dtype = probe(servers, verifier, engine_ids, *probe_row, where, config.endpoint_timeout_s)
+    hidden = probe(servers, verifier, engine_ids, *probe_row, where, config.endpoint_timeout_s)
+    dtype = hidden.dtype
     if dtype != verifier.dtype:
         if config.dtype != "auto":
             raise ConfigError(f"--dtype {config.dtype}: the --endpoint servers run "
                               f"{str(dtype).removeprefix('torch.')}; pass --dtype auto or "
                               f"serve that dtype")
         verifier = load_engine_verifier(verifier.hf_dir, dtype)
+    if stored is not None:
+        _compare_stored(servers[0], verifier, aux_ids, engine_ids, hidden, stored, codec)
     return servers, {"servers": record, "capture_dir": str(where)}, verifier
+
+
+def stored_row(out: Path, rank: int, codec: Any, groups: int, hidden: int
+               ) -> tuple[dict[str, Any], dict[str, torch.Tensor]] | None:
+    """The first row this rank already stored (``--resume``) that reads back: ``(its index
+    entry, its decoded values)``; None when there is none."""
+    from specdraft.core.jsonl import iter_jsonl, repair_torn_tail
+    from specdraft.core.storage import ShardReader
+    from specdraft.extract.writer import part_path
+
+    part = part_path(out, rank)
+    if not part.exists():
+        return None
+    repair_torn_tail(part)
+    reader = ShardReader(out, codec, groups, hidden)
+    for _, entry in iter_jsonl(part):
+        try:
+            return entry, reader.read(entry)
+        except Exception:  # noqa: BLE001 - a shard a killed run left unreadable: the next one
+            continue
+    return None
+
+
+#: Stored row against its capture now: one storage rounding step plus the engines' batch noise.
+_STORED_REL = {"fp32": 0.0, "bf16": 2**-7, "fp8": 2**-3}
+
+
+def _compare_stored(server: Server, verifier: EngineVerifier, aux_ids: Sequence[int],
+                    engine_ids: Sequence[int], hidden: torch.Tensor,
+                    stored: tuple[dict[str, Any], dict[str, torch.Tensor]], codec: Any) -> None:
+    """``--resume``: the probe row, captured now, must equal what the run stored for it
+    (``|now - stored| <= rel·|stored| + 1e-3·max|stored|``, rel = the storage's rounding):
+    the servers serve the verifier that computed the stored rows. Raises
+    :class:`ConfigError` naming the server and the row."""
+    from specdraft.core.storage import decode
+
+    entry, values = stored
+    mask = values["loss_mask"].tolist()
+    packed = to_packed(hidden, mask, aux_ids, engine_ids, verifier, codec)
+    now = {"aux": decode(packed.aux[0], packed.aux[1], len(aux_ids)),
+           "final": decode(packed.final[0], packed.final[1], 1)}
+    rel = _STORED_REL.get(codec.name.split("-")[0], 2**-3)
+    for name in ("aux", "final"):
+        ref = values[name]
+        if ref.numel() == 0:
+            continue
+        bound = rel * ref.abs() + 1e-3 * ref.abs().max()
+        worst = float(((now[name] - ref).abs() / bound.clamp_min(1e-30)).max())
+        if worst > 1.0:
+            raise ConfigError(f"--endpoint {server.url}: stored row {entry['key']} captured "
+                              f"now differs from what this run stored ({name} states, "
+                              f"{worst:.3g}x the tolerance): the servers do not serve the "
+                              f"verifier that computed the stored rows; resume with that one "
+                              f"or start over with --overwrite")
 
 
 def extract_rows_live(servers: Sequence[Server], verifier: EngineVerifier, config: Any, ctx: Any,

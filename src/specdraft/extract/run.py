@@ -242,14 +242,19 @@ def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
             "shards_written": writer.shards_written, "shards_resumed": len(done), **engine}
 
 
-def _open_servers(config: ExtractConfig, verifier: Any, ds: Any, ctx: ExtractPlan) -> tuple:
-    """``--endpoint``: the servers, checked and probed with the dataset's shortest row before
-    any row is captured (:func:`specdraft.extract.endpoint.open_servers`)."""
-    from specdraft.extract.endpoint import open_servers
+def _open_servers(config: ExtractConfig, verifier: Any, ds: Any, ctx: ExtractPlan, out: Path,
+                  rank: int) -> tuple:
+    """``--endpoint``: the servers, checked and probed before any row is captured
+    (:func:`specdraft.extract.endpoint.open_servers`) with the dataset's shortest row, or on
+    ``--resume`` with a row this rank stored (compared with what was stored)."""
+    from specdraft.extract.endpoint import open_servers, stored_row
 
     row = min(range(len(ctx.seq_lens)), key=ctx.seq_lens.__getitem__)
     ids, _ = _load_rows(ds, [row], ctx.keys, ctx.seq_lens)
-    return open_servers(config, verifier, ctx.aux_ids, (ctx.keys[row], row, ids[0]))
+    stored = stored_row(out, rank, ctx.codec, len(ctx.aux_ids), ctx.hidden) \
+        if config.resume else None
+    return open_servers(config, verifier, ctx.aux_ids, (ctx.keys[row], row, ids[0]),
+                        codec=ctx.codec, stored=stored)
 
 
 def _extract_rank_live(live: tuple, verifier: Any, ds: Any, config: ExtractConfig, out: Path,
@@ -463,7 +468,7 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
     model = _load_model(config, verifier, out, str(stage.device))
     ctx = _context(config, model, ds, rank, world)
     ctx.resume_changes = changes or {}
-    live = _open_servers(config, model, ds, ctx) if config.endpoint else None
+    live = _open_servers(config, model, ds, ctx, out, rank) if config.endpoint else None
     model = live[2] if live else model  # in the servers' dtype
     in_memory = verifier is not None
     ctx.identity = _on_rank0(lambda: verifier_identity(config, in_memory=in_memory), rank,
