@@ -23,6 +23,7 @@ OUTSIDE = {
     "--speculative-num-draft-tokens": "sglang", "--speculative-config": "vllm serve",
     "--kv-transfer-config": "vllm serve", "--no-enable-prefix-caching": "vllm serve",
     "--enforce-eager": "vllm serve", "--max-num-seqs": "vllm serve",
+    "--attention-backend": "vllm serve",
 }
 
 
