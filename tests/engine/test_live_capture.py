@@ -21,10 +21,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
 from extract_helpers import random_rows, write_prepared  # noqa: E402
-from vllm_helpers import compare_sources, engine_env, make_vllm_tiny  # noqa: E402
+from vllm_helpers import compare_sources, make_vllm_tiny  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_kit import AUX, serve_config, served  # noqa: E402
 
 pytestmark = pytest.mark.slow
-AUX = (1, 2, 3)
 H = 128
 REL, FLOOR = 2**-7, 1e-5
 N_ROWS = 8
@@ -39,9 +41,6 @@ def _kw(verifier: Path, **extra):
 def live(tmp_path_factory, smollm2_tokenizer_dir):
     """The server (``specdraft.engines.live.start``), the verifier, the rows and the
     transformers backend's extract directory of those rows."""
-    from specdraft.engines.launcher import free_port
-    from specdraft.engines.live import start
-    from specdraft.engines.live_config import ServeConfig
     from specdraft.extract.config import ExtractConfig
     from specdraft.extract.run import run
 
@@ -52,15 +51,9 @@ def live(tmp_path_factory, smollm2_tokenizer_dir):
     hf_run = write_prepared(root / "hf", ids, masks)
     run(ExtractConfig(run_dir=hf_run, **_kw(verifier)))
     serve_run = write_prepared(root / "serve", ids, masks)
-    config = ServeConfig(run_dir=serve_run, verifier=str(verifier), aux_layers=AUX,
-                         port=free_port(), dtype="float32", max_model_len=256,
-                         extra_args="--enforce-eager --max-num-seqs 8", startup_s=400)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in engine_env().items():
-            mp.setenv(k, v)
-        with start(config) as (url, cmd, _):
-            yield {"url": url, "cmd": cmd, "verifier": verifier, "rows": (ids, masks),
-                   "hf": hf_run / "extract", "root": root, "serve_run": serve_run}
+    with served(serve_config(serve_run, verifier, startup_s=400)) as [(url, cmd, _)]:
+        yield {"url": url, "cmd": cmd, "verifier": verifier, "rows": (ids, masks),
+               "hf": hf_run / "extract", "root": root, "serve_run": serve_run}
 
 
 def _extract(live, name, **extra):

@@ -9,7 +9,6 @@ the CI budget that ``test_live_capture.py`` already spends on the Llama server.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -19,21 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from extract_helpers import random_rows, write_prepared  # noqa: E402
 from kimi_fixture import HIDDEN, make_kimi_verifier  # noqa: E402
-from vllm_helpers import compare_sources, engine_env  # noqa: E402
+from vllm_helpers import compare_sources  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not os.environ.get("SPECDRAFT_LIVE_MLA"),
-    reason="opt-in (SPECDRAFT_LIVE_MLA=1): a second vLLM server start, beyond the CI budget")]
-AUX = (1, 2, 3)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_kit import AUX, opt_in, serve_config, served  # noqa: E402
+
+pytestmark = opt_in("SPECDRAFT_LIVE_MLA", "a second vLLM server start, beyond the CI budget")
 N_ROWS = 6
 
 
 @pytest.mark.timeout(900)
 def test_mla_verifier_served_and_captured_equals_transformers(tmp_path, think_tokenizer_dir):
     from specdraft.artifacts.hidden_states import DiskSource
-    from specdraft.engines.launcher import free_port
-    from specdraft.engines.live import start
-    from specdraft.engines.live_config import ServeConfig
     from specdraft.extract.config import ExtractConfig
     from specdraft.extract.run import run
 
@@ -44,15 +40,9 @@ def test_mla_verifier_served_and_captured_equals_transformers(tmp_path, think_to
     hf_run = write_prepared(tmp_path / "hf", ids, masks)
     run(ExtractConfig(run_dir=hf_run, **kw))
     live_run = write_prepared(tmp_path / "live", ids, masks)
-    config = ServeConfig(run_dir=live_run, verifier=str(verifier), aux_layers=AUX,
-                         port=free_port(), dtype="float32", max_model_len=256,
-                         extra_args="--enforce-eager --max-num-seqs 8", startup_s=600)
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in engine_env().items():
-            mp.setenv(k, v)
-        with start(config) as (url, cmd, _):
-            assert cmd[cmd.index("--attention-backend") + 1] == "CPU_MLA"
-            m = run(ExtractConfig(run_dir=live_run, endpoint=[url], **kw))
+    with served(serve_config(live_run, verifier)) as [(url, cmd, _)]:
+        assert cmd[cmd.index("--attention-backend") + 1] == "CPU_MLA"
+        m = run(ExtractConfig(run_dir=live_run, endpoint=[url], **kw))
     ratios = compare_sources(DiskSource(live_run / "extract"), DiskSource(hf_run / "extract"),
                              AUX, HIDDEN, rel=2**-7, floor=1e-5)
     assert len(ratios) == N_ROWS * (len(AUX) + 1)

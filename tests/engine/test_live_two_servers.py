@@ -10,8 +10,6 @@ Opt-in (``SPECDRAFT_LIVE_TWO=1``): two more server starts are beyond the CI budg
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import threading
 import time
@@ -21,21 +19,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
 from extract_helpers import random_rows, write_prepared  # noqa: E402
-from vllm_helpers import compare_sources, engine_env, make_vllm_tiny  # noqa: E402
+from vllm_helpers import compare_sources, make_vllm_tiny  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not os.environ.get("SPECDRAFT_LIVE_TWO"),
-    reason="opt-in (SPECDRAFT_LIVE_TWO=1): two vLLM server starts, beyond the CI budget")]
-AUX = (1, 2, 3)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_kit import AUX, opt_in, serve_config, served  # noqa: E402
+
+pytestmark = opt_in("SPECDRAFT_LIVE_TWO", "two vLLM server starts, beyond the CI budget")
 N_ROWS = 24
 
 
 @pytest.mark.timeout(1200)
 def test_two_servers_one_killed_mid_run(tmp_path, smollm2_tokenizer_dir):
     from specdraft.artifacts.hidden_states import DiskSource
-    from specdraft.engines.launcher import free_port
-    from specdraft.engines.live import start
-    from specdraft.engines.live_config import ServeConfig
     from specdraft.extract.config import ExtractConfig
     from specdraft.extract.run import run
 
@@ -46,18 +41,12 @@ def test_two_servers_one_killed_mid_run(tmp_path, smollm2_tokenizer_dir):
     hf_run = write_prepared(tmp_path / "hf", ids, masks)
     run(ExtractConfig(run_dir=hf_run, **kw))
     live_run = write_prepared(tmp_path / "live", ids, masks)
-    configs = [ServeConfig(run_dir=tmp_path / f"serve{k}", verifier=str(verifier),
-                           aux_layers=AUX, port=free_port(), dtype="float32", max_model_len=256,
-                           extra_args="--enforce-eager --max-num-seqs 4", startup_s=600)
-               for k in range(2)]
+    configs = [serve_config(tmp_path / f"serve{k}", verifier,
+                            extra_args="--enforce-eager --max-num-seqs 4") for k in range(2)]
     for c in configs:
         write_prepared(c.run_dir, ids[:1], masks[:1])
     shards = live_run / "extract" / "shards"
-    with pytest.MonkeyPatch.context() as mp, contextlib.ExitStack() as stack:
-        for k, v in engine_env().items():
-            mp.setenv(k, v)
-        (url_a, _, _), (url_b, _, server_b) = [stack.enter_context(start(c)) for c in configs]
-
+    with served(*configs) as [(url_a, _, _), (url_b, _, server_b)]:
         def kill_b() -> None:
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline and not (

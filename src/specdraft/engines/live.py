@@ -92,21 +92,19 @@ def reasoning_parser(config: ServeConfig, model_type: str) -> str | None:
 
 
 def server_command(config: ServeConfig, python: str, hf_dir: Path, engine_ids: list[int],
-                   parser: str | None, hf_config: dict[str, Any] | None = None) -> list[str]:
+                   parser: str | None, *, mla: bool = False) -> list[str]:
     """The exact ``vllm serve`` command (as ``python -m vllm.entrypoints.openai.api_server``):
     the verifier, its names (the model name, then :func:`specdraft.engines.capture.descriptor`,
     which tells clients the captured ids), address, dtype, TP/PP/DP sizes, the capture
     (:func:`~specdraft.engines.capture.speculative_config`,
     :func:`~specdraft.engines.capture.kv_transfer_config` with ``named_only``), prefix caching
     off (every capture request runs its whole prompt), vLLM's reference MLA attention for an
-    MLA verifier (``hf_config`` has ``kv_lora_rank``) in float32 on a CPU
+    MLA verifier (``mla``: its profile has MLA facts) in float32 on a CPU
     (:func:`specdraft.engines.vllm_cpu.attention_kwargs`), the reasoning parser,
     ``extra_args``."""
     from specdraft.engines.capture import as_flag, descriptor, kv_transfer_config, \
         speculative_config
     from specdraft.engines.vllm_cpu import attention_kwargs
-
-    hf_config = hf_config or {}
 
     spool = config.capture_dir or Path(config.run_dir) / "serve" / "capture"
     cmd = [python, "-m", SERVER_MODULE, "--model", str(hf_dir),
@@ -121,8 +119,8 @@ def server_command(config: ServeConfig, python: str, hf_dir: Path, engine_ids: l
            "--kv-transfer-config", as_flag(kv_transfer_config(str(Path(spool).resolve()),
                                                               named_only=True))]
     backend = attention_kwargs(config.dtype).get("attention_config", {}).get("backend")
-    if backend and "kv_lora_rank" in hf_config:  # an MLA verifier, float32, on a CPU
-        cmd += ["--attention-backend", backend]  # (engines/vllm_cpu.py says why)
+    if backend and mla:  # an MLA verifier, float32, on a CPU (engines/vllm_cpu.py says why)
+        cmd += ["--attention-backend", backend]
     if config.max_model_len:
         cmd += ["--max-model-len", str(config.max_model_len)]
     if parser:
@@ -134,7 +132,7 @@ def server_command(config: ServeConfig, python: str, hf_dir: Path, engine_ids: l
 
 def prepare(config: ServeConfig) -> tuple[list[str], str]:
     """``(the server's command, its URL)`` for ``config`` (nothing started)."""
-    from specdraft.core.profile import config_json
+    from specdraft.core.profile import config_json, load_hf_config, resolve_mla
     from specdraft.engines.python import vllm_python
 
     _, hf_dir = served_verifier_dir(config)
@@ -143,7 +141,9 @@ def prepare(config: ServeConfig) -> tuple[list[str], str]:
         raise ConfigError(f"{hf_dir}/config.json: no num_hidden_layers")
     ids = capture_layer_ids(config, int(hf["num_hidden_layers"]))
     parser = reasoning_parser(config, str(hf.get("model_type", "")))
-    cmd = server_command(config, vllm_python(config.engine_python), hf_dir, ids, parser, hf)
+    mla = resolve_mla(load_hf_config(hf_dir, trust_remote_code=config.trust_remote_code))
+    cmd = server_command(config, vllm_python(config.engine_python), hf_dir, ids, parser,
+                         mla=mla is not None)
     return cmd, f"http://{config.host}:{config.port}"
 
 

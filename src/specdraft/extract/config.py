@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from specdraft.core.config import StageConfig, parse_layer_ids
+from specdraft.core.config import StageConfig, check_http_urls, parse_layer_ids
 from specdraft.core.jsonl import parse_json
 
 
@@ -80,9 +80,7 @@ class ExtractConfig(StageConfig):
     @field_validator("endpoint")
     @classmethod
     def _http_endpoints(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        for url in v:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http(s) URL")
+        check_http_urls(v)
         if v and info.data.get("backend") == "vllm":
             raise ValueError("--endpoint captures through running servers; --backend vllm "
                              "starts an engine of its own: pass one of them")

@@ -214,23 +214,22 @@ def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: Ex
             "shards_written": writer.shards_written, "shards_resumed": len(done)}
 
 
-def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
-                       ctx: ExtractPlan, rank: int, world: int) -> dict[str, Any]:
-    """:func:`_extract_rank` with a vLLM engine: the same plan, recovery, writer and stats."""
-    from specdraft.extract.vllm_backend import extract_rows
-
+def _extract_rank_rows(ds: Any, config: ExtractConfig, out: Path, ctx: ExtractPlan,
+                       rank: int, capture: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """:func:`_extract_rank` for a backend that takes this rank's rows at once (an engine, the
+    servers): the same plan, recovery, writer and stats. ``capture(rows, ids, masks, writer)``
+    submits every row to the writer and returns its own figures (merged into the stats)."""
     codec, keys, seq_lens, shards = ctx.codec, ctx.keys, ctx.seq_lens, ctx.shards
     done = recover(out, rank, shards, codec)
     done_rows = {r for s in done for r in shards[s]}
     rows = [r for b in ctx.batches for r in b.rows if r not in done_rows]
     writer = RankWriter(out, rank, shards, done, keys, codec, ctx.metadata,
                         zstd_level=config.zstd_level)
-    t0, engine = time.monotonic(), {}
+    t0, figures = time.monotonic(), {}
     try:
         if rows:
             ids, masks = _load_rows(ds, rows, keys, seq_lens)
-            engine = extract_rows(verifier, config, out, ctx, rank, world, rows, ids, masks,
-                                  writer)
+            figures = capture(rows, ids, masks, writer)
     except BaseException:
         writer.close(strict=False)
         raise
@@ -239,7 +238,17 @@ def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
     tokens = sum(seq_lens[r] for r in rows)
     return {"rank": rank, "samples": len(rows), "tokens": tokens, "seconds": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
-            "shards_written": writer.shards_written, "shards_resumed": len(done), **engine}
+            "shards_written": writer.shards_written, "shards_resumed": len(done), **figures}
+
+
+def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
+                       ctx: ExtractPlan, rank: int, world: int) -> dict[str, Any]:
+    """:func:`_extract_rank` with a vLLM engine (:func:`_extract_rank_rows`)."""
+    from specdraft.extract.vllm_backend import extract_rows
+
+    return _extract_rank_rows(ds, config, out, ctx, rank, lambda rows, ids, masks, writer:
+                              extract_rows(verifier, config, out, ctx, rank, world, rows, ids,
+                                           masks, writer))
 
 
 def _open_servers(config: ExtractConfig, verifier: Any, ds: Any, ctx: ExtractPlan, out: Path,
@@ -259,30 +268,13 @@ def _open_servers(config: ExtractConfig, verifier: Any, ds: Any, ctx: ExtractPla
 
 def _extract_rank_live(live: tuple, verifier: Any, ds: Any, config: ExtractConfig, out: Path,
                        ctx: ExtractPlan, rank: int) -> dict[str, Any]:
-    """:func:`_extract_rank` through running servers: the same plan, recovery, writer and
-    stats (:func:`specdraft.extract.endpoint.extract_rows_live`)."""
+    """:func:`_extract_rank` through running servers (:func:`_extract_rank_rows`,
+    :func:`specdraft.extract.endpoint.extract_rows_live`)."""
     from specdraft.extract.endpoint import extract_rows_live
 
-    codec, keys, seq_lens, shards = ctx.codec, ctx.keys, ctx.seq_lens, ctx.shards
-    done = recover(out, rank, shards, codec)
-    done_rows = {r for s in done for r in shards[s]}
-    rows = [r for b in ctx.batches for r in b.rows if r not in done_rows]
-    writer = RankWriter(out, rank, shards, done, keys, codec, ctx.metadata,
-                        zstd_level=config.zstd_level)
-    t0, served = time.monotonic(), {}
-    try:
-        if rows:
-            ids, masks = _load_rows(ds, rows, keys, seq_lens)
-            served = extract_rows_live(live[0], verifier, config, ctx, rows, ids, masks, writer)
-    except BaseException:
-        writer.close(strict=False)
-        raise
-    writer.close()
-    elapsed = time.monotonic() - t0
-    tokens = sum(seq_lens[r] for r in rows)
-    return {"rank": rank, "samples": len(rows), "tokens": tokens, "seconds": round(elapsed, 3),
-            "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
-            "shards_written": writer.shards_written, "shards_resumed": len(done), **served}
+    return _extract_rank_rows(ds, config, out, ctx, rank, lambda rows, ids, masks, writer:
+                              extract_rows_live(live[0], verifier, config, ctx, rows, ids,
+                                                masks, writer))
 
 
 # ---------------------------------------------------------------- rank 0: merge, head, verify
