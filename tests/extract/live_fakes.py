@@ -9,7 +9,8 @@ BEFORE the final norm, read with a forward hook) and ``token_ids`` ``[T]``; it a
 next token in ``choices[0].token_ids``. Faults: ``die_after`` (connection refused from the n-th
 completion on, until ``revive()``), ``capture_ids`` (what its served names say), ``root``,
 ``scale`` (states multiplied: another verifier whose head agrees), ``head_shift`` (answers
-another token than the verifier's head picks).
+another token than the verifier's head picks), ``capture=False`` (a plain server: no file, and
+its answer names no ``kv_transfer_params.hidden_states_path``).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ class FakeServer:
 
     def __init__(self, model, capture_ids: Sequence[int], root: str, *,
                  die_after: int | None = None, scale: float = 1.0, head_shift: int = 0,
-                 announce_ids: Sequence[int] | None = None) -> None:
+                 announce_ids: Sequence[int] | None = None, capture: bool = True) -> None:
         self.model, self.ids, self.root = model, list(capture_ids), root
         self.announce = list(capture_ids if announce_ids is None else announce_ids)
         self.die_after, self.scale, self.head_shift = die_after, scale, head_shift
+        self.capture = capture  # False: a plain server (no connector): no file, no path said
         self.completions = 0  # capture requests answered
         self.rows: list[int] = []  # the dataset rows it captured (from the file names)
         self.lock = threading.Lock()
@@ -86,12 +88,15 @@ class FakeServer:
                 self.completions += 1
             with FORWARD:
                 hidden, answer = self.states(ids)
-                atomic_save_safetensors({"hidden_states": hidden.contiguous(),
-                                         "token_ids": torch.tensor(ids, dtype=torch.long)},
-                                        target)
+                if self.capture:
+                    atomic_save_safetensors({"hidden_states": hidden.contiguous(),
+                                             "token_ids": torch.tensor(ids, dtype=torch.long)},
+                                            target)
             with self.lock:
                 self.rows.append(int(Path(target).name[3:12]))
-            return httpx.Response(200, json={"choices": [{"text": "", "token_ids": [answer]}]})
+            said = {"hidden_states_path": target} if self.capture else None
+            return httpx.Response(200, json={"choices": [{"text": "", "token_ids": [answer]}],
+                                             "kv_transfer_params": said})
         return httpx.Response(404)
 
 

@@ -165,6 +165,7 @@ def test_a_server_that_comes_back_takes_rows_again(tmp_path, monkeypatch, tiny_m
 @pytest.mark.parametrize("fault, match, completions", [
     ({"announce_ids": [1, 2, 4]}, r"captures vLLM layer ids \[1, 2, 4\], this run needs", 0),
     ({"head_shift": 1}, "another head or final norm", 1),
+    ({"capture": False}, "does not capture hidden states to the path asked", 1),
 ])
 def test_identity_refused_before_any_row(tmp_path, monkeypatch, tiny_model, tiny_verifier_dir,
                                          rows, fault, match, completions):

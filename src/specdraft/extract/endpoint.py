@@ -125,8 +125,10 @@ def capture_one(server: Server, key: str, row: int, input_ids: Sequence[int], ca
     """Capture dataset row ``row`` (key ``key``) on ``server``: ``(hidden [T, ids, H] in the
     server's dtype, the token the server answered or None)``; the file is read, checked against
     ``input_ids`` (:func:`specdraft.extract.vllm_backend.read_row`) and deleted. Raises
-    :class:`ServerDown` (unreachable, 5xx, no file within ``timeout_s``) or :class:`InputError`
-    (the server refused the row: HTTP 4xx, e.g. longer than its context; tokens differ)."""
+    :class:`ServerDown` (unreachable, 5xx, no file within ``timeout_s``), :class:`InputError`
+    (the server refused the row: HTTP 4xx, e.g. longer than its context; tokens differ) or
+    :class:`ConfigError` (its answer does not name the path as the one it writes: no capture,
+    or a connector that ignores request paths)."""
     path = capture_dir / f"row{row:09d}-s{server.index}-a{attempt}.safetensors"
     body = {"model": server.model, "prompt": list(map(int, input_ids)), "max_tokens": 1,
             "temperature": 0.0, "return_token_ids": True,
@@ -141,6 +143,12 @@ def capture_one(server: Server, key: str, row: int, input_ids: Sequence[int], ca
     if r.status_code != 200:
         raise InputError(f"row {key}: --endpoint {server.url} refused it: HTTP {r.status_code} "
                          f"{r.text[:300]}")
+    answer = r.json()
+    said = (answer.get("kv_transfer_params") or {}).get("hidden_states_path")
+    if said != str(path):  # the connector names the path it will write (request_finished)
+        raise ConfigError(f"--endpoint {server.url}: row {key}: the server does not capture "
+                          f"hidden states to the path asked (its answer's kv_transfer_params: "
+                          f"{answer.get('kv_transfer_params')}): start it with specdraft serve")
     while not path.exists():  # the connector writes after the answer, atomically
         if time.monotonic() > deadline:
             raise ServerDown(f"{server.url}: row {key}: no states file {path} within "
@@ -148,7 +156,7 @@ def capture_one(server: Server, key: str, row: int, input_ids: Sequence[int], ca
         time.sleep(0.005)
     hidden = read_row(path, key, input_ids)
     path.unlink(missing_ok=True)
-    choice = (r.json().get("choices") or [{}])[0]
+    choice = (answer.get("choices") or [{}])[0]
     answered = (choice.get("token_ids") or [None])[0]
     return hidden, answered
 
