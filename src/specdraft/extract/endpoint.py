@@ -31,6 +31,7 @@ verifier's own head on the captured final state picks the token the server answe
 from __future__ import annotations
 
 import collections
+import contextlib
 import sys
 import threading
 import time
@@ -427,15 +428,17 @@ def clean_capture_dir(capture_dir: Path, rows: Sequence[int]) -> None:
 # ---------------------------------------------------------------- the stage's two calls
 
 
-def capture_dir(config: Any) -> Path:
-    """Where the servers write: ``--capture-dir``, else ``RUN/extract/live``."""
+def capture_dir(config: Any, rank: int) -> Path:
+    """Where the servers write this rank's rows: ``--capture-dir`` (else ``RUN/extract/live``)
+    ``/rank{r:05d}`` (under torchrun every rank probes the same row: one directory each)."""
     from specdraft.artifacts.layout import RunLayout
 
-    return Path(config.capture_dir or RunLayout(config.run_dir).extract / "live")
+    base = Path(config.capture_dir or RunLayout(config.run_dir).extract / "live")
+    return base / f"rank{rank:05d}"
 
 
 def open_servers(config: Any, verifier: EngineVerifier, aux_ids: Sequence[int],
-                 probe_row: tuple[str, int, Sequence[int]], *, codec: Any = None,
+                 probe_row: tuple[str, int, Sequence[int]], *, rank: int = 0, codec: Any = None,
                  stored: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None
                  ) -> tuple[list[Server], dict[str, Any], EngineVerifier]:
     """Connect to ``config.endpoint``, check every server (:func:`check_servers`) and probe it
@@ -450,7 +453,7 @@ def open_servers(config: Any, verifier: EngineVerifier, aux_ids: Sequence[int],
     engine_ids = extraction_capture_ids(aux_ids, verifier.n_layers)
     servers = connect(config.endpoint, config.endpoint_timeout_s)
     record = check_servers(servers, engine_ids, verifier.hf_dir)
-    where = capture_dir(config)
+    where = capture_dir(config, rank)
     where.mkdir(parents=True, exist_ok=True)
     if stored is not None:  # --resume: the probe is a row already stored
         probe_row = (stored[0]["key"], stored[0]["row"], stored[1]["input_ids"].tolist())
@@ -524,12 +527,13 @@ def _compare_stored(server: Server, verifier: EngineVerifier, aux_ids: Sequence[
 
 def extract_rows_live(servers: Sequence[Server], verifier: EngineVerifier, config: Any, ctx: Any,
                       rows: Sequence[int], ids: Sequence[Sequence[int]],
-                      masks: Sequence[Sequence[int]], writer: Any) -> dict[str, Any]:
+                      masks: Sequence[Sequence[int]], writer: Any, *, rank: int = 0
+                      ) -> dict[str, Any]:
     """Capture ``rows`` (plan order) through ``servers`` into ``writer``
     (:func:`capture_rows`); returns the per-server counts and the capture's seconds."""
     from specdraft.core.aux_ids import extraction_capture_ids
 
-    where = capture_dir(config)
+    where = capture_dir(config, rank)
     clean_capture_dir(where, rows)
     job = {"rows": list(rows), "keys": ctx.keys, "ids": ids, "masks": masks,
            "aux_ids": ctx.aux_ids, "engine_ids": extraction_capture_ids(ctx.aux_ids,
@@ -540,5 +544,7 @@ def extract_rows_live(servers: Sequence[Server], verifier: EngineVerifier, confi
     capture_rows(servers, job, writer, slots=config.endpoint_concurrency,
                  timeout_s=config.endpoint_timeout_s)
     clean_capture_dir(where, rows)  # a late answer of a set-aside server
+    with contextlib.suppress(OSError):
+        where.rmdir()  # when empty
     return {"capture_seconds": round(time.monotonic() - t0, 3),
             "servers": {s.url: {"rows": s.rows, "failures": s.failures} for s in servers}}

@@ -263,7 +263,7 @@ def _open_servers(config: ExtractConfig, verifier: Any, ds: Any, ctx: ExtractPla
     stored = stored_row(out, rank, ctx.codec, len(ctx.aux_ids), ctx.hidden) \
         if config.resume else None
     return open_servers(config, verifier, ctx.aux_ids, (ctx.keys[row], row, ids[0]),
-                        codec=ctx.codec, stored=stored)
+                        rank=rank, codec=ctx.codec, stored=stored)
 
 
 def _extract_rank_live(live: tuple, verifier: Any, ds: Any, config: ExtractConfig, out: Path,
@@ -274,7 +274,7 @@ def _extract_rank_live(live: tuple, verifier: Any, ds: Any, config: ExtractConfi
 
     return _extract_rank_rows(ds, config, out, ctx, rank, lambda rows, ids, masks, writer:
                               extract_rows_live(live[0], verifier, config, ctx, rows, ids,
-                                                masks, writer))
+                                                masks, writer, rank=rank))
 
 
 # ---------------------------------------------------------------- rank 0: merge, head, verify
