@@ -1,8 +1,8 @@
 """Two real ``specdraft serve`` servers (vLLM 0.32 CPU) of the random 4-layer Llama;
-``extract --endpoint A,B`` spreads the rows over both, and server B is killed (its whole process
-group) once six shards (one row each) are written: its rows go to A, none lost or doubled, and every row
-and aux layer stays within one bf16 step of the transformers backend (tolerance as
-``test_live_capture.py``).
+``extract --endpoint A,B`` spreads the rows over both, and server B is killed (its whole
+process group) once six shards (one row each) are written: its rows go to A, none lost or
+doubled, and every row and aux layer stays within one bf16 step of the transformers backend
+(tolerance as ``test_live_capture.py``).
 
 Opt-in (``SPECDRAFT_LIVE_TWO=1``): two more server starts are beyond the CI budget that
 ``test_live_capture.py`` already spends.
