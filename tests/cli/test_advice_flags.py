@@ -21,6 +21,9 @@ OUTSIDE = {
     "--speculative-algorithm": "sglang", "--speculative-draft-model-path": "sglang",
     "--speculative-eagle-topk": "sglang", "--speculative-num-steps": "sglang",
     "--speculative-num-draft-tokens": "sglang", "--speculative-config": "vllm serve",
+    "--kv-transfer-config": "vllm serve", "--no-enable-prefix-caching": "vllm serve",
+    "--enforce-eager": "vllm serve", "--max-num-seqs": "vllm serve",
+    "--attention-backend": "vllm serve",
 }
 
 

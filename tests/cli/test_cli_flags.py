@@ -22,7 +22,7 @@ from specdraft.cli.options import PIPELINE_INTERNAL, field_default
 BASE = {"generate": ["--prompts", "p.jsonl", "--run-dir", "r"], "prepare": ["--run-dir", "r"],
         "vocab": ["--run-dir", "r"], "extract": ["--run-dir", "r"], "train": ["--run-dir", "r"],
         "export": ["--run-dir", "r"], "eval": ["--prompts", "q.jsonl", "--run-dir", "r"],
-        "doctor": ["t"]}
+        "doctor": ["t"], "serve": ["--run-dir", "r"]}
 
 #: ``(verb, field) -> (argv, expected value)`` where a generic sample would be invalid.
 SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
@@ -49,6 +49,9 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
                                       "{reasoning}|{close}"),
     ("extract", "aux_layers"): (["--aux-layers", "1, 5,9"], (1, 5, 9)),
     ("extract", "device"): (["--device", "cuda:1"], "cuda:1"),
+    ("extract", "endpoint"): (["--endpoint", "http://a:1,http://b:2"], ["http://a:1",
+                                                                        "http://b:2"]),
+    ("serve", "aux_layers"): (["--aux-layers", "1,2"], (1, 2)),
     ("train", "aux_layers"): (["--aux-layers", "2,3", "--aux-layers", "4"], (2, 3, 4)),
     ("train", "online"): (["--online", "--verifier", "smollm2"], True),
     ("export", "aux_layers"): (["--aux-layers", "1,2,3"], (1, 2, 3)),
@@ -104,6 +107,9 @@ def capture(monkeypatch):
         module = types.ModuleType(f"specdraft.{stage}.run")
         module.run = fake_run
         monkeypatch.setitem(sys.modules, f"specdraft.{stage}.run", module)
+    import specdraft.engines.live  # serve's entry (no stage package: it writes no artifact)
+
+    monkeypatch.setattr(specdraft.engines.live, "serve", fake_run)
 
     def invoke(argv: list[str]) -> Any:
         res = CliRunner().invoke(app, argv)

@@ -35,6 +35,11 @@ REGENERATE = ("PYTHONPATH=src python -m specdraft.cli._surface > tests/cli/cli_s
 #: Flags of other programs that specdraft's messages and docs name, with where they belong.
 OTHER_PROGRAMS = {
     "--speculative-config": "vllm serve",
+    "--kv-transfer-config": "vllm serve (engines/live.py: the hidden-state capture)",
+    "--no-enable-prefix-caching": "vllm serve (engines/live.py)",
+    "--enforce-eager": "vllm serve (serve --extra-args)",
+    "--max-num-seqs": "vllm serve (serve --extra-args)",
+    "--enable-expert-parallel": "vllm serve (serve --extra-args, docs/scale.md)",
     "--reasoning-parser": "vllm serve (docs/kimi-job.md)",
     "--reasoning-config": "vllm serve (docs/kimi-job.md)",
     "--attention-backend": "vllm serve (docs/kimi-job.md: float32 MLA on an AMX CPU)",
@@ -127,7 +132,7 @@ def test_every_config_field_is_an_option_named_like_its_errors():
     accepted = _surface.verb_flags()
     cmds = stage_commands()
     assert set(cmds) == {"generate", "prepare", "vocab", "extract", "train", "export", "eval",
-                         "doctor"}
+                         "doctor", "serve"}
     problems = [p for verb, cmd in cmds.items() for p in field_problems(verb, cmd, accepted[verb])]
     assert problems == []
     assert all(reason.strip() for reason in options.PIPELINE_INTERNAL.values())
@@ -228,8 +233,8 @@ def test_config_validators_name_their_own_verbs_flags():
     """A stage's config errors reach the user of that verb: they must name its own flags."""
     flags = _surface.verb_flags()
     problems = []
-    for verb in stage_commands():
-        path = REPO / "src" / "specdraft" / verb / "config.py"
+    for verb, command in stage_commands().items():
+        path = Path(sys.modules[command.config_class.__module__].__file__)  # serve: engines/
         problems += unknown_flags([path], flags[verb])
     assert problems == []
 

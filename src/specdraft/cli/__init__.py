@@ -38,6 +38,8 @@ from specdraft.cli import eval as _eval  # noqa: E402
 app.command("eval")(_eval.command)
 from specdraft.cli import doctor as _doctor  # noqa: E402
 app.command("doctor")(_doctor.command)
+from specdraft.cli import serve as _serve  # noqa: E402
+app.command("serve")(_serve.command)
 from specdraft.cli import run as _run  # noqa: E402
 app.command("run")(_run.command)
 

@@ -83,6 +83,15 @@ def parse_layer_ids(value: Any) -> Any:
     return value
 
 
+def check_http_urls(urls: list[str]) -> list[str]:
+    """``urls`` unchanged when each starts with ``http://`` or ``https://`` (server base URLs of
+    ``generate --endpoint`` and ``extract --endpoint``); else :class:`ValueError` naming it."""
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http(s) URL")
+    return urls
+
+
 def flag_name(field: str) -> str:
     """``max_tokens`` -> ``--max-tokens``."""
     return "--" + field.replace("_", "-")

@@ -36,7 +36,10 @@ MAY_CHANGE: dict[str, frozenset[str]] = {
                         "eval_every", "teacher_check", "teacher_check_rows"}),
     # The end-of-run spot check (--verify N rows, its --seed) reads the shards, never writes
     # them; the engine's stall limit only decides when a stuck engine is stopped.
-    "extract": frozenset({"verify", "seed", "engine_no_progress_s"}),
+    # --endpoint's servers and transport: which servers capture (the identity probe checks
+    # each against the stored rows on resume), not what they capture.
+    "extract": frozenset({"verify", "seed", "engine_no_progress_s", "endpoint", "capture_dir",
+                          "endpoint_concurrency", "endpoint_timeout_s"}),
     # Transport and bookkeeping of the requests, and which prefix of the prompt file is used;
     # the sampling parameters, template, model and reasoning checks are not among them.
     "generate": frozenset({"endpoint", "api_key_env", "concurrency", "timeout_s", "max_retries",

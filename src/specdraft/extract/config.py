@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from specdraft.core.config import StageConfig, parse_layer_ids
+from specdraft.core.config import StageConfig, check_http_urls, parse_layer_ids
 from specdraft.core.jsonl import parse_json
 
 
@@ -18,8 +18,9 @@ class ExtractConfig(StageConfig):
     ``backend``: ``transformers`` (the verifier in this process) or ``vllm`` (a vLLM engine in a
     subprocess run by ``engine_python``), with ``tensor_parallel_size`` /
     ``pipeline_parallel_size`` per engine replica and ``engine_args``; an engine that makes no
-    progress for ``engine_no_progress_s`` seconds is stopped and the stage fails. Both write the
-    same artifacts.
+    progress for ``engine_no_progress_s`` seconds is stopped and the stage fails. ``endpoint``:
+    running ``specdraft serve`` servers capture instead (:mod:`specdraft.extract.endpoint`).
+    All three write the same artifacts.
     """
 
     run_dir: Path = Field(description="Run directory; reads RUN/prepare/, writes RUN/extract/.")
@@ -61,6 +62,29 @@ class ExtractConfig(StageConfig):
         600.0, gt=0, description="Seconds the vLLM engine may go without progress (no line in "
                                  "its log, no row's states arriving) before extract stops it "
                                  "and fails.")
+
+    endpoint: list[str] = Field(
+        default_factory=list, description="Running `specdraft serve` URLs (repeat or comma-"
+                                          "separate): capture through them, rows spread over "
+                                          "them; no engine is started here.")
+    capture_dir: Path | None = Field(
+        None, description="--endpoint: where the servers write each row's states (storage both "
+                          "the servers and this process see; none: RUN/extract/live).")
+    endpoint_concurrency: int = Field(4, ge=1, description="--endpoint: requests in flight per "
+                                                          "server.")
+    endpoint_timeout_s: float = Field(
+        600.0, gt=0, description="--endpoint: seconds one row may take on a server (request "
+                                 "and file) before its rows go to the others; with no server "
+                                 "left, how long to wait for one to come back.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_endpoints(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        check_http_urls(v)
+        if v and info.data.get("backend") == "vllm":
+            raise ValueError("--endpoint captures through running servers; --backend vllm "
+                             "starts an engine of its own: pass one of them")
+        return v
 
     @field_validator("engine_args", mode="before")
     @classmethod

@@ -214,23 +214,22 @@ def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: Ex
             "shards_written": writer.shards_written, "shards_resumed": len(done)}
 
 
-def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
-                       ctx: ExtractPlan, rank: int, world: int) -> dict[str, Any]:
-    """:func:`_extract_rank` with a vLLM engine: the same plan, recovery, writer and stats."""
-    from specdraft.extract.vllm_backend import extract_rows
-
+def _extract_rank_rows(ds: Any, config: ExtractConfig, out: Path, ctx: ExtractPlan,
+                       rank: int, capture: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """:func:`_extract_rank` for a backend that takes this rank's rows at once (an engine, the
+    servers): the same plan, recovery, writer and stats. ``capture(rows, ids, masks, writer)``
+    submits every row to the writer and returns its own figures (merged into the stats)."""
     codec, keys, seq_lens, shards = ctx.codec, ctx.keys, ctx.seq_lens, ctx.shards
     done = recover(out, rank, shards, codec)
     done_rows = {r for s in done for r in shards[s]}
     rows = [r for b in ctx.batches for r in b.rows if r not in done_rows]
     writer = RankWriter(out, rank, shards, done, keys, codec, ctx.metadata,
                         zstd_level=config.zstd_level)
-    t0, engine = time.monotonic(), {}
+    t0, figures = time.monotonic(), {}
     try:
         if rows:
             ids, masks = _load_rows(ds, rows, keys, seq_lens)
-            engine = extract_rows(verifier, config, out, ctx, rank, world, rows, ids, masks,
-                                  writer)
+            figures = capture(rows, ids, masks, writer)
     except BaseException:
         writer.close(strict=False)
         raise
@@ -239,7 +238,43 @@ def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
     tokens = sum(seq_lens[r] for r in rows)
     return {"rank": rank, "samples": len(rows), "tokens": tokens, "seconds": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
-            "shards_written": writer.shards_written, "shards_resumed": len(done), **engine}
+            "shards_written": writer.shards_written, "shards_resumed": len(done), **figures}
+
+
+def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
+                       ctx: ExtractPlan, rank: int, world: int) -> dict[str, Any]:
+    """:func:`_extract_rank` with a vLLM engine (:func:`_extract_rank_rows`)."""
+    from specdraft.extract.vllm_backend import extract_rows
+
+    return _extract_rank_rows(ds, config, out, ctx, rank, lambda rows, ids, masks, writer:
+                              extract_rows(verifier, config, out, ctx, rank, world, rows, ids,
+                                           masks, writer))
+
+
+def _open_servers(config: ExtractConfig, verifier: Any, ds: Any, ctx: ExtractPlan, out: Path,
+                  rank: int) -> tuple:
+    """``--endpoint``: the servers, checked and probed before any row is captured
+    (:func:`specdraft.extract.endpoint.open_servers`) with the dataset's shortest row, or on
+    ``--resume`` with a row this rank stored (compared with what was stored)."""
+    from specdraft.extract.endpoint import open_servers, stored_row
+
+    row = min(range(len(ctx.seq_lens)), key=ctx.seq_lens.__getitem__)
+    ids, _ = _load_rows(ds, [row], ctx.keys, ctx.seq_lens)
+    stored = stored_row(out, rank, ctx.codec, len(ctx.aux_ids), ctx.hidden) \
+        if config.resume else None
+    return open_servers(config, verifier, ctx.aux_ids, (ctx.keys[row], row, ids[0]),
+                        rank=rank, codec=ctx.codec, stored=stored)
+
+
+def _extract_rank_live(live: tuple, verifier: Any, ds: Any, config: ExtractConfig, out: Path,
+                       ctx: ExtractPlan, rank: int) -> dict[str, Any]:
+    """:func:`_extract_rank` through running servers (:func:`_extract_rank_rows`,
+    :func:`specdraft.extract.endpoint.extract_rows_live`)."""
+    from specdraft.extract.endpoint import extract_rows_live
+
+    return _extract_rank_rows(ds, config, out, ctx, rank, lambda rows, ids, masks, writer:
+                              extract_rows_live(live[0], verifier, config, ctx, rows, ids,
+                                                masks, writer, rank=rank))
 
 
 # ---------------------------------------------------------------- rank 0: merge, head, verify
@@ -327,7 +362,7 @@ def run(config: ExtractConfig, ctx: StageContext | None = None, *,
     if ctx is not None:
         return _run(config, verifier, ctx)
     # the vLLM backend's ranks exchange small objects only: gloo, whatever the device
-    backend = "gloo" if config.backend == "vllm" else None
+    backend = "gloo" if config.backend == "vllm" or config.endpoint else None
     with stage_context(config.device, backend=backend) as stage:
         return _run(config, verifier, stage)
 
@@ -335,12 +370,13 @@ def run(config: ExtractConfig, ctx: StageContext | None = None, *,
 def _load_model(config: ExtractConfig, verifier: Any, out: Path, device: str) -> Any:
     """The HF verifier (transformers backend) or its config, head and norm (vLLM backend; an
     HF model passed by ``specdraft run`` is then not used)."""
-    if config.backend == "vllm":
+    if config.backend == "vllm" or config.endpoint:
         from specdraft.extract import vllm_backend as vb
 
         if config.verify:
-            raise ConfigError("--verify needs --backend transformers (the vLLM backend is "
-                              "checked against it by tests/extract/test_vllm_equivalence.py)")
+            raise ConfigError("--verify needs --backend transformers (the vLLM and --endpoint "
+                              "backends are checked against it by tests/extract/"
+                              "test_vllm_equivalence.py and tests/engine/test_live_capture.py)")
         return vb.load_engine_verifier(vb.verifier_hf_dir(config), vb.engine_dtype(config))
     if verifier is not None:
         return verifier
@@ -379,6 +415,7 @@ class ExtractPlan:
     metadata: dict[str, str]
     resume_changes: dict[str, list[Any]] = field(default_factory=dict)
     identity: dict[str, Any] | None = None
+    servers: dict[str, Any] | None = None
 
 
 def _context(config: ExtractConfig, model: Any, ds: Any, rank: int, world: int
@@ -412,7 +449,7 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
 
     changes = _on_rank0(open_and_compare, rank, world)
     ds = _load_dataset(config.run_dir)
-    if config.backend == "vllm":  # a GGUF verifier is converted once, by rank 0
+    if config.backend == "vllm" or config.endpoint:  # a GGUF is converted once, by rank 0
         from specdraft.extract.vllm_backend import verifier_hf_dir
         _on_rank0(lambda: verifier_hf_dir(config), rank, world)
         _barrier(world)
@@ -423,6 +460,8 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
     model = _load_model(config, verifier, out, str(stage.device))
     ctx = _context(config, model, ds, rank, world)
     ctx.resume_changes = changes or {}
+    live = _open_servers(config, model, ds, ctx, out, rank) if config.endpoint else None
+    model = live[2] if live else model  # in the servers' dtype
     in_memory = verifier is not None
     ctx.identity = _on_rank0(lambda: verifier_identity(config, in_memory=in_memory), rank,
                                 world)
@@ -430,7 +469,7 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
             "shard_mb": config.shard_mb, "aux_layer_ids": list(ctx.aux_ids),
             "prepare": input_hash(RunLayout(config.run_dir).prepare),
             "zstd_level": config.zstd_level, "model_dtype": str(model.dtype),
-            "backend": config.backend}
+            "backend": "endpoint" if config.endpoint else config.backend}
 
     def prologue() -> None:
         (out / "shards").mkdir(exist_ok=True)
@@ -438,19 +477,29 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
         _check_disk(out, ctx.estimate)
 
     _on_rank0(prologue, rank, world)
-    if config.backend == "vllm":
+    if live:
+        stats = _extract_rank_live(live, model, ds, config, out, ctx, rank)
+    elif config.backend == "vllm":
         stats = _extract_rank_vllm(model, ds, config, out, ctx, rank, world)
     else:
         stats = _extract_rank(model, ds, config, out, ctx, rank)
     atomic_write_json(out / f"stats.rank{rank:05d}.json", stats)
     _barrier(world)
+    ctx.servers = live[1] if live else None
     _on_rank0(lambda: _finish(config, model, ds, out, ctx, clock, world), rank, world)
     _barrier(world)
     return load_stage_manifest(out)
 
 
-def _profile(config: ExtractConfig, model: Any, head: dict[str, Any]) -> dict[str, Any]:
+def _profile(config: ExtractConfig, model: Any, head: dict[str, Any],
+             servers: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest's verifier record: what ran it and how its final state was normalised."""
+    if config.endpoint:
+        from specdraft.extract.vllm_backend import FINAL_STATE
+
+        return {"path": config.verifier, "class": model.architecture, "dtype": str(model.dtype),
+                "head": head, "backend": "endpoint", "hf_dir": str(model.hf_dir),
+                "final_state": FINAL_STATE, "endpoint": servers}
     if config.backend == "vllm":
         from specdraft.extract.vllm_backend import FINAL_STATE
 
@@ -475,7 +524,7 @@ def verifier_profile(config: ExtractConfig, model: Any) -> VerifierProfile:
 
         return resolve_profile(load_hf_config(model.hf_dir,
                                               trust_remote_code=config.trust_remote_code),
-                               backend=config.backend)
+                               backend="vllm")  # an engine's pre-norm id N, normalised here
     return resolve_profile(model.config, model=model, backend=config.backend)
 
 
@@ -516,7 +565,7 @@ def _finish(config: ExtractConfig, model: Any, ds: Any, out: Path, ctx: ExtractP
         "final_hidden": "output of the verifier's final norm (HF last_hidden_state = "
                         "hidden_states[N]); lm_head(final_hidden) = logits",
         "target_representation": TARGET_DOC,
-        "verifier": _profile(config, model, head),
+        "verifier": _profile(config, model, head, ctx.servers),
         "profile": ctx.profile.to_dict(),
         "verifier_identity": ctx.identity,
         "storage": {"format": config.storage, "shard_mb": config.shard_mb,

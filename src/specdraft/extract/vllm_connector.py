@@ -18,6 +18,11 @@ class copies synchronously and writes ``hidden_states`` ``[T, n_ids, H]`` (engin
 file under its final name is always complete. ``<path>`` is the request's
 ``kv_transfer_params["hidden_states_path"]`` (``allow_custom_save_path`` must be on), which the
 worker derives from the row, so files are matched to rows by identity, never by arrival order.
+
+A live server that also generates (``specdraft serve``) sets ``specdraft_named_only`` in
+``kv_connector_extra_config`` (:data:`specdraft.engines.capture.NAMED_ONLY`): then a request
+that names no ``hidden_states_path`` (a chat completion) writes nothing and frees its blocks at
+once, where the stock class writes every request to ``shared_storage_path/<id>.safetensors``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     ExampleHiddenStatesConnector, PendingSave, extract_from_kv_cache)
 
 from specdraft.core.atomic import atomic_save_safetensors
+from specdraft.engines.capture import NAMED_ONLY
 
 
 class _Done:
@@ -67,3 +73,13 @@ class SpecdraftHiddenStatesConnector(ExampleHiddenStatesConnector):
         if lock_fd is not None:
             os.close(lock_fd)
         self._req_copy_events[pending.req_id] = _Done()  # type: ignore[assignment]
+
+    def request_finished(self, request, block_ids):  # type: ignore[no-untyped-def]
+        """The stock scheduler-side hook, except that with ``specdraft_named_only`` a request
+        without ``kv_transfer_params["hidden_states_path"]`` saves nothing: ``(False, None)``
+        (its blocks are freed at once, no file is written)."""
+        named = (request.kv_transfer_params or {}).get("hidden_states_path")
+        if named is None and self._kv_transfer_config.get_from_extra_config(NAMED_ONLY, False):
+            self._request_filenames.pop(request.request_id, None)
+            return False, None
+        return super().request_finished(request, block_ids)

@@ -28,10 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specdraft.engines.capture import CONNECTOR, CONNECTOR_MODULE, kv_transfer_config, \
+    speculative_config
 from specdraft.engines.vllm_cpu import attention_kwargs
 
-CONNECTOR = "SpecdraftHiddenStatesConnector"
-CONNECTOR_MODULE = "specdraft.extract.vllm_connector"
+__all__ = ["CONNECTOR", "CONNECTOR_MODULE", "engine_kwargs", "spool_path", "done_path"]
 
 
 def spool_path(spool: str | os.PathLike, row: int) -> Path:
@@ -69,16 +70,8 @@ def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
         "tensor_parallel_size": job["tensor_parallel_size"],
         "pipeline_parallel_size": job["pipeline_parallel_size"],
         "enable_prefix_caching": False,
-        "speculative_config": {
-            "method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {
-                "eagle_aux_hidden_state_layer_ids": list(job["engine_ids"])}}},
-        "kv_transfer_config": {
-            "kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
-            "kv_role": "kv_producer",
-            "kv_connector_extra_config": {"shared_storage_path": job["spool"],
-                                          "allow_custom_save_path": True,
-                                          "use_synchronization_lock": False}},
+        "speculative_config": speculative_config(job["engine_ids"]),
+        "kv_transfer_config": kv_transfer_config(job["spool"]),
     }
     kwargs.update(attention_kwargs(job["dtype"]))  # an MLA verifier in float32 on an AMX CPU
     kwargs.update(job.get("engine_args") or {})

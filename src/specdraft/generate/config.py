@@ -8,7 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from specdraft.artifacts.prompts import DEFAULT_FIELDS, FIELD_HELP, check_field_kinds
 from specdraft.core.chat import DEFAULT_THINK
-from specdraft.core.config import StageConfig
+from specdraft.core.config import StageConfig, check_http_urls
 
 class GenerateConfig(StageConfig):
     """Settings of the generate stage: the prompt file, the backend (the verifier in-process, or
@@ -127,9 +127,7 @@ class GenerateConfig(StageConfig):
     @field_validator("endpoint")
     @classmethod
     def _http_endpoints(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        for url in v:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http(s) URL")
+        check_http_urls(v)
         if info.data.get("backend") == "openai" and not v:
             raise ValueError("--backend openai needs at least one --endpoint URL")
         return v

@@ -1,0 +1,135 @@
+"""A real ``specdraft serve`` (vLLM 0.32's OpenAI server, CPU build, one start for this module)
+of the random 4-layer Llama of the offline vLLM extraction test: the same server generates
+(greedy tokens equal to transformers', no states file written) and captures
+(``extract --endpoint`` rows equal to the transformers backend on every aux layer and the final
+state); a resumed run gives the same artifacts.
+
+Tolerance (as ``tests/extract/test_vllm_equivalence.py``): float32 verifier, bf16 storage, so a
+stored value may differ by one bf16 step: ``|live - hf| <= 2^-7·|hf| + 1e-5·max|hf|`` per
+element, per row and layer id.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
+from extract_helpers import random_rows, write_prepared  # noqa: E402
+from vllm_helpers import compare_sources, make_vllm_tiny  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from live_kit import AUX, serve_config, served  # noqa: E402
+
+pytestmark = pytest.mark.slow
+H = 128
+REL, FLOOR = 2**-7, 1e-5
+N_ROWS = 8
+
+
+def _kw(verifier: Path, **extra):
+    return {**dict(verifier=str(verifier), aux_layers=AUX, storage="bf16", batch_tokens=120,
+                   shard_mb=0.03, dtype="float32", device="cpu"), **extra}
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, smollm2_tokenizer_dir):
+    """The server (``specdraft.engines.live.start``), the verifier, the rows and the
+    transformers backend's extract directory of those rows."""
+    from specdraft.extract.config import ExtractConfig
+    from specdraft.extract.run import run
+
+    root = tmp_path_factory.mktemp("live")
+    verifier = make_vllm_tiny(root / "verifier", smollm2_tokenizer_dir)
+    ids, masks = random_rows([18 + 5 * i for i in range(N_ROWS)], vocab=2000, seed=4)
+    masks[3] = [0] * len(masks[3])  # a row without targets
+    hf_run = write_prepared(root / "hf", ids, masks)
+    run(ExtractConfig(run_dir=hf_run, **_kw(verifier)))
+    serve_run = write_prepared(root / "serve", ids, masks)
+    with served(serve_config(serve_run, verifier, startup_s=400)) as [(url, cmd, _)]:
+        yield {"url": url, "cmd": cmd, "verifier": verifier, "rows": (ids, masks),
+               "hf": hf_run / "extract", "root": root, "serve_run": serve_run}
+
+
+def _extract(live, name, **extra):
+    from specdraft.extract.config import ExtractConfig
+    from specdraft.extract.run import run
+
+    run_dir = live["root"] / name
+    if not (run_dir / "prepare").exists():
+        write_prepared(run_dir, *live["rows"])
+    return run(ExtractConfig(run_dir=run_dir, endpoint=[live["url"]],
+                             **_kw(live["verifier"], **extra))), run_dir / "extract"
+
+
+@pytest.mark.timeout(600)
+def test_capture_through_the_server_equals_transformers(live):
+    from specdraft.artifacts.hidden_states import DiskSource
+
+    m, out = _extract(live, "live")
+    ratios = compare_sources(DiskSource(out), DiskSource(live["hf"]), AUX, H, rel=REL,
+                             floor=FLOOR)
+    assert len(ratios) == N_ROWS * (len(AUX) + 1)
+    bad = {k: v for k, v in ratios.items() if v > 1.0}
+    assert not bad, bad
+    shifted = compare_sources(DiskSource(out), DiskSource(live["hf"]), AUX, H, rel=REL,
+                              floor=FLOOR, shift=1)
+    assert min(v for k, v in shifted.items() if k[1] == "aux" and k[2] != AUX[-1]) > 10
+    assert (out / "index.jsonl").read_text() == (live["hf"] / "index.jsonl").read_text()
+    server = m["verifier"]["endpoint"]["servers"][live["url"]]
+    assert server["capture_ids"] == [1, 2, 3, 4] and server["root_check"] == "same path"
+    assert m["verifier"]["backend"] == "endpoint" and m["counts"]["rows_out"] == N_ROWS
+    assert m["throughput"][0]["servers"][live["url"]]["rows"] == N_ROWS
+
+
+def test_the_same_server_generates_the_verifiers_greedy_tokens(live):
+    """A plain completion (no hidden_states_path): the verifier's own greedy tokens, and the
+    connector (named_only) writes no file for it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = live["rows"][0][0][:12]
+    r = httpx.post(live["url"] + "/v1/completions", timeout=120, json={
+        "model": "verifier", "prompt": prompt, "max_tokens": 8, "temperature": 0.0,
+        "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    served = r.json()["choices"][0]["token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(live["verifier"], dtype=torch.float32)
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
+    assert served == ref[0, len(prompt):].tolist()
+    spool = live["serve_run"] / "serve" / "capture"
+    assert not spool.exists() or not list(spool.iterdir())
+    assert "--speculative-config" in live["cmd"] and "--kv-transfer-config" in live["cmd"]
+
+
+@pytest.mark.timeout(600)
+def test_resumed_run_gives_identical_artifacts(live):
+    """A complete run's extract directory with its last two shards gone (what a kill leaves)
+    resumed through the server: the same index and shard files, row for row."""
+    from specdraft.artifacts.hidden_states import DiskSource
+
+    whole = live["root"] / "live" / "extract"  # the first test's run (made here when alone)
+    if not (whole / "manifest.json").exists():
+        _extract(live, "live")
+    cut = live["root"] / "cut"
+    shutil.copytree(whole.parent, cut)
+    shards = sorted((cut / "extract" / "shards").iterdir())
+    assert len(shards) >= 3
+    for f in shards[-2:]:
+        f.unlink()
+    (cut / "extract" / "manifest.json").unlink()
+    (cut / "extract" / "index.jsonl").unlink()
+    m, out = _extract(live, "cut", resume=True)
+    assert m["throughput"][0]["shards_resumed"] == len(shards) - 2
+    assert 0 < m["throughput"][0]["samples"] < N_ROWS
+    assert (out / "index.jsonl").read_text() == (whole / "index.jsonl").read_text()
+    assert sorted(p.name for p in (out / "shards").iterdir()) == [p.name for p in shards]
+    ratios = compare_sources(DiskSource(out), DiskSource(whole), AUX, H, rel=REL, floor=FLOOR)
+    assert max(ratios.values()) <= 1.0
+    assert json.loads((out / "manifest.json").read_text())["counts"]["rows_out"] == N_ROWS
