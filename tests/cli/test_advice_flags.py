@@ -21,6 +21,7 @@ OUTSIDE = {
     "--speculative-algorithm": "sglang", "--speculative-draft-model-path": "sglang",
     "--speculative-eagle-topk": "sglang", "--speculative-num-steps": "sglang",
     "--speculative-num-draft-tokens": "sglang", "--speculative-config": "vllm serve",
+    "--model": "vllm.entrypoints.openai.api_server (the printed serve line)",
 }
 
 
