@@ -13,8 +13,8 @@ BASE = {"config": {}, "config_hash": "x", "started_at": "a", "finished_at": "b"}
 
 
 def _manifests(tmp_path, *, by_context, engine=None, eval_config=None):
-    ev = EvalManifest(**{**BASE, "config": eval_config or {}}, stage="eval", elapsed_s=61.5, tau=1.474, acceptance_rate=0.12,
-                      per_position=[0.32, 0.11, 0.04, 0.01], verify_steps=10,
+    ev = EvalManifest(**{**BASE, "config": eval_config or {}}, stage="eval", elapsed_s=61.5,
+                      tau=1.474, acceptance_rate=0.12, per_position=[0.32, 0.11, 0.04, 0.01], verify_steps=10,
                       tokens_per_s=3.0, by_context=by_context, engine=engine)
     tr = TrainManifest(**BASE, stage="train", elapsed_s=540.0, steps=126, best_step=120,
                        best_val={"tau": 1.552, "cond_acc": [0.4]}, drafter_config={})

@@ -131,15 +131,16 @@ def measured_dtype(eval_manifest: Any = None) -> str:
     return resolve_dtype(config.get("dtype", "auto"), config.get("device", "cpu"))
 
 
-def engine_python() -> str:
+def engine_python(explicit: str | None = None) -> str:
     """The python to print in the vLLM serve line: the one with vLLM that eval uses
-    (:func:`specdraft.engines.python.vllm_python`: ``.venv-vllm/bin/python`` after ``make
-    install-vllm``), else plain ``python`` (no vLLM here yet: the reader's own)."""
+    (:func:`specdraft.engines.python.vllm_python` of eval's ``--engine-python`` ``explicit``:
+    ``.venv-vllm/bin/python`` after ``make install-vllm``), else plain ``python`` (no vLLM
+    here yet: the reader's own)."""
     from specdraft.core.errors import ConfigError
     from specdraft.engines.python import vllm_python
 
     try:
-        return vllm_python()
+        return vllm_python(explicit)
     except ConfigError:
         return "python"
 
@@ -170,7 +171,8 @@ def write_export_card(run_dir: str | Path | None, export_dir: str | Path, *, kin
     ev = load_stage_manifest(RunLayout(run_dir).stage("eval")) if run_dir is not None else None
     served = served_verifier(run_dir, verifier)
     commands = serve_commands(str(Path(export_dir).resolve()), served, k=k, fmt=fmt,
-                              dtype=measured_dtype(ev), python=engine_python())
+                              dtype=measured_dtype(ev), python=engine_python(
+                                  (ev.config if ev is not None else {}).get("engine_python")))
     facts = card_facts(run_dir, kind=kind, fmt=fmt, verifier=verifier,
                        base_model=hub_id(verifier),
                        serve=serve_block(commands, run_dir=run_dir, verifier=verifier))

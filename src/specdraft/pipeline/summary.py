@@ -74,7 +74,8 @@ def _serve_lines(eval_config: Any, eval_manifest: Manifest | None, out: str,
                           getattr(eval_config, "num_draft_tokens", None))
         head = f"Serve the drafter ({setting.label}, as evaluated):"
     dtype = measured_dtype(eval_manifest)
-    commands = setting.serve_commands(out, verifier, fmt, dtype=dtype, python=engine_python())
+    commands = setting.serve_commands(out, verifier, fmt, dtype=dtype, python=engine_python(
+        getattr(eval_config, "engine_python", None)))
     if not commands:
         return [head, f"  no engine serves it: a tree needs SGLang, which loads only "
                       f"--format sglang exports (docs/drafters.md)"]
