@@ -4,6 +4,8 @@ the local directory the drafter was bound to, never a hub id (issue 40)."""
 import subprocess
 import sys
 
+import pytest
+
 from specdraft.engines.serve import serve_block, serve_commands, verifier_note
 from specdraft.pipeline.summary import serve_verifier
 
@@ -42,6 +44,7 @@ def test_the_block_puts_comments_above_the_commands(tmp_path):
     assert serve_block([], run_dir=tmp_path, verifier="smollm2") == []
 
 
+@pytest.mark.slow  # the real SmolLM2 GGUF, dequantized (~25 s)
 def test_the_conversion_command_runs_as_printed(tmp_path):
     """The note's command, run as printed, writes the directory the serve line names (the real
     SmolLM2 GGUF, converted as extract and eval convert it)."""
