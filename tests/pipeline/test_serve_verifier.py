@@ -54,3 +54,20 @@ def test_the_conversion_command_runs_as_printed(tmp_path):
     subprocess.run(command, shell=True, check=True, cwd=tmp_path, capture_output=True)
     assert (tmp_path / "verifier-hf" / "config.json").is_file()
     assert verifier_note(tmp_path, "smollm2") is None
+
+
+def test_a_hub_id_is_served_from_its_local_snapshot(tmp_path, monkeypatch):
+    """A verifier given as a hub id was loaded from the local Hugging Face cache: the line
+    names that snapshot directory (no download); an id not in the cache stays as given."""
+    cache = tmp_path / "hub"
+    snap = cache / "models--org--model" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (cache / "models--org--model" / "refs").mkdir()
+    (cache / "models--org--model" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    assert serve_verifier(tmp_path, "org/model") == str(snap)
+    assert serve_verifier(tmp_path, "org/absent") == "org/absent"

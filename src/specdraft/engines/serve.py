@@ -86,12 +86,28 @@ def served_verifier(run_dir: str | Path | None, verifier: str) -> str:
     hub id: nothing to download, and the same weights): ``RUN/verifier-hf`` for a GGUF (the
     conversion ``engines.verifier_dir`` writes once for extract or eval; named even before it
     exists, :func:`verifier_note` says how to make it), else ``verifier`` itself (an HF
-    directory, as a resolved path when it exists)."""
+    directory, as a resolved path when it exists; a hub id as the snapshot already in the local
+    Hugging Face cache when there is one, else as given)."""
     from specdraft.engines.verifier_dir import ENGINE_HF_DIR
 
     if _is_gguf(verifier):
         return str((Path(run_dir or ".") / ENGINE_HF_DIR).resolve())
-    return str(Path(verifier).resolve()) if Path(verifier).exists() else verifier
+    if Path(verifier).exists():
+        return str(Path(verifier).resolve())
+    return _cached_snapshot(verifier) or verifier
+
+
+def _cached_snapshot(repo_id: str) -> str | None:
+    """The local snapshot directory of hub id ``repo_id`` in the Hugging Face cache (no
+    network: ``local_files_only``), or None."""
+    if hub_id(repo_id) != repo_id:
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo_id, local_files_only=True)
+    except Exception:  # not cached, not a valid id, hub library missing: the id as given
+        return None
 
 
 def verifier_note(run_dir: str | Path | None, verifier: str) -> str | None:
@@ -101,9 +117,10 @@ def verifier_note(run_dir: str | Path | None, verifier: str) -> str | None:
     target = Path(served_verifier(run_dir, verifier))
     if not _is_gguf(verifier) or (target / "config.json").is_file():
         return None
+    gguf = verifier if verifier in KNOWN_HF_IDS else str(Path(verifier).resolve())
     return (f"{target} does not exist yet; write it (the GGUF as an HF directory, once) with: "
             f"{sys.executable} -c 'from specdraft.engines.verifier_dir import "
-            f"gguf_to_hf_dir; gguf_to_hf_dir(\"{verifier}\", \"{target}\")'")
+            f"gguf_to_hf_dir; gguf_to_hf_dir(\"{gguf}\", \"{target}\")'")
 
 
 def _is_gguf(verifier: str) -> bool:
@@ -119,6 +136,7 @@ def measured_dtype(eval_manifest: Any = None) -> str:
 
     if eval_manifest is None:
         return resolve_dtype("auto", "cpu")
+
     def field(key: str) -> Any:
         if isinstance(eval_manifest, dict):
             return eval_manifest.get(key)
