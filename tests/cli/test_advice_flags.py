@@ -24,6 +24,7 @@ OUTSIDE = {
     "--kv-transfer-config": "vllm serve", "--no-enable-prefix-caching": "vllm serve",
     "--enforce-eager": "vllm serve", "--max-num-seqs": "vllm serve",
     "--attention-backend": "vllm serve",
+    "--model": "vllm.entrypoints.openai.api_server (the printed serve line)",
 }
 
 

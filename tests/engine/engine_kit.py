@@ -154,3 +154,24 @@ def offline_greedy(verifier, export: Path, prompts: list[list[int]], k: int, max
     for g in gens:
         stats.extend(g.stats)
     return stats.summary(), [list(g.tokens) for g in gens]
+
+
+def wait_until_serving(proc, url: str, log_path: Path, *, limit_s: float = 400) -> None:
+    """Wait until the OpenAI server ``proc`` (started in its own session) answers
+    ``url/v1/models``; fail the test with its log's tail when it exits, or past ``limit_s``."""
+    import time
+
+    import httpx
+    import pytest
+
+    deadline = time.monotonic() + limit_s
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited: {log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, f"the server did not come up: {log_path}"
+        time.sleep(1)

@@ -92,7 +92,7 @@ def test_dflash_run_trains_exports_and_passes_the_gate_in_vllm(dflash_run):
     assert engine["agreement"]["counts_identical"], engine["agreement"]
     assert engine["per_position"] == res["per_position"]
     assert res["per_position"][0] >= GATE and res["tau"] >= GATE_TAU, res["per_position"]
-    summary = (dflash_run / "run" / "summary.txt").read_text()
+    summary = (dflash_run / "run" / "summary.txt").read_text(encoding="utf-8")
     spec = json.dumps({"method": "dflash", "model": str(export.resolve()),
                        "num_speculative_tokens": BLOCK - 1})
     assert spec in summary and "sglang" not in summary, summary

@@ -90,9 +90,9 @@ def test_engine_counts_and_tokens_equal_offline(results, overfit_run):
     assert e["tau"] == pytest.approx(1 + e["accepted"] / e["verify_steps"])
     manifest = json.loads((overfit_run / "eval" / "manifest.json").read_text())
     assert manifest["engine"]["tau"] == e["tau"] and manifest["engine"]["counts_identical"]
-    summary = (overfit_run / "run" / "summary.txt").read_text()
-    assert f"offline tau {results['tau']:.3f}" in summary
-    assert f"engine {e['version']}: tau {e['tau']:.3f}" in summary
+    summary = (overfit_run / "run" / "summary.txt").read_text(encoding="utf-8")
+    assert f"offline τ {results['tau']:.3f}" in summary
+    assert f"engine {e['version']}: τ {e['tau']:.3f}" in summary
     assert "offline - engine +0.000, identical prompts 6/6" in summary
     assert (overfit_run / "eval" / "acceptance.png").stat().st_size > 0
 

@@ -187,3 +187,27 @@ def test_batch_size_option_in_eval_run(tmp_path, models, monkeypatch):
     assert seen["batch_size"] == 4
     assert seen["generators"][2].initial_seed() == 6
     assert [g.tokens for g in four] == [g.tokens for g in one]
+
+
+def test_decode_in_chunks_draws_the_same_tokens(tmp_path, models, monkeypatch, capsys):
+    """eval's decode calls the kind's decoder a chunk of prompts at a time (so the progress
+    line counts decoded prompts, issue 40); prompt i still samples with seed + i, so at
+    temperature 0.5 the tokens equal one call over all prompts, batched or not."""
+    import specdraft.eval.run as eval_run
+    from specdraft.eval.config import EvalConfig
+    from specdraft.eval.run import decode
+
+    verifier, drafter, prompts = models
+    cfg = dict(drafter=tmp_path, out=tmp_path / "o", prompts=tmp_path / "p.jsonl", k=2,
+               max_new_tokens=6, temperature=0.5, seed=4)
+    monkeypatch.setattr(eval_run, "DECODE_CHUNK_BATCHES", 100)
+    whole = decode(EvalConfig(**cfg), verifier, drafter, prompts[:3], [])
+    capsys.readouterr()
+    monkeypatch.setattr(eval_run, "DECODE_CHUNK_BATCHES", 1)
+    for batch in (1, 2):
+        parts = decode(EvalConfig(**cfg, batch_size=batch), verifier, drafter, prompts[:3], [])
+        assert [g.tokens for g in parts] == [g.tokens for g in whole], batch
+    err = capsys.readouterr().err
+    tokens = sum(len(g.tokens) for g in whole)
+    assert "\r" not in err and err.count("eval: offline decode: 3/3 prompts (100%)") == 2
+    assert f"; tokens {tokens:,} committed" in err

@@ -112,7 +112,7 @@ def test_summary_shows_both_figures():
                     "acceptance_rate": 0.2, "per_position": [0.4, 0.15, 0.05],
                     "tau_offline_minus_engine": 0.0, "identical_prompts": "4/4"}}
     text = _eval(m)
-    assert "offline tau 1.600" in text and "engine vllm 0.32.0" in text
+    assert "offline τ 1.600" in text and "engine vllm 0.32.0" in text
     assert "offline - engine +0.000, identical prompts 4/4" in text
     assert "engine" not in _eval({k: v for k, v in m.items() if k != "engine"})
 

@@ -82,17 +82,22 @@ def test_run_plan_on_the_same_prompts():
 def test_summary_prints_the_best_settings_serve_command():
     plan = {"best": "tree 5x4x8", "best_setting": {"steps": 5, "topk": 4, "num_draft_tokens": 8},
             "settings": {"tree 5x4x8": {"tau": 3.0, "predicted_speedup": 1.66}}}
+    def commands(lines):  # the head, then the command lines (the "# " comments left out)
+        return [x for x in lines if not x.lstrip().startswith("#")]
+
     lines = _serve_lines(None, SimpleNamespace(serve_plan=plan), "/x", "V", "sglang")
     assert "best setting, tree 5x4x8, predicted speedup 1.66x" in lines[0]
+    assert "  # --dtype float32: the dtype the figures above were measured at" in lines
+    lines = commands(lines)
     assert len(lines) == 2 and "--speculative-num-steps 5 --speculative-eagle-topk 4 " \
-        "--speculative-num-draft-tokens 8" in lines[1]
-    chain = _serve_lines(SimpleNamespace(k=2, topk=1, num_draft_tokens=None), None, "/x", "V",
-                         "sglang")
+        "--speculative-num-draft-tokens 8 --dtype float32" in lines[1]
+    chain = commands(_serve_lines(SimpleNamespace(k=2, topk=1, num_draft_tokens=None), None,
+                                  "/x", "V", "sglang"))
     assert "chain k=2" in chain[0] and '"num_speculative_tokens": 2' in chain[1]
     assert "--speculative-eagle-topk 1 --speculative-num-draft-tokens 3" in chain[2]
     # a vllm-format export (EAGLE-3.1, Qwen3 layer): vLLM for the chain, nothing for a tree
-    assert len(_serve_lines(SimpleNamespace(k=2, topk=1, num_draft_tokens=None), None, "/x",
-                            "V", "vllm")) == 2
+    assert len(commands(_serve_lines(SimpleNamespace(k=2, topk=1, num_draft_tokens=None), None,
+                                     "/x", "V", "vllm"))) == 2
     tree = _serve_lines(None, SimpleNamespace(serve_plan=plan), "/x", "V", "vllm")
     assert "no engine serves it" in tree[1]
 
@@ -147,5 +152,7 @@ def test_eval_run_with_a_tree_and_a_sweep(tmp_path, six_layer_verifier, six_laye
     assert [r["setting"] for r in res["serve_plan"]["settings"]] == ["chain k=2", "tree 3x2x6"]
     assert res["serve_plan"]["settings"][1]["tau"] == pytest.approx(res["tau"])
     line = EvalManifest(**m).figures()
-    assert "SGLang tree 3x2x6, accept length" in line and "tau by context <512" in line and f"serve plan: best {res['serve_plan']['best']}" in line
+    assert "SGLang tree 3x2x6, accept length" in line and f"serve plan: best " \
+        f"{res['serve_plan']['best']}" in line
+    assert "by context" not in line  # one bucket: the offline τ itself, not a table
     assert (run_dir / "eval" / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -239,8 +239,11 @@ def test_run_summary_offers_sglang_only_for_the_sglang_format():
     from specdraft.engines.serve import serve_commands
 
     commands = serve_commands("/d", "/v", 3, fmt="sglang")
-    assert [c.split()[0] for c in commands] == ["vllm", "python"]
+    assert [c.split()[:3] for c in commands] == [["python", "-m", "vllm.entrypoints.openai."
+                                                  "api_server"],
+                                                 ["python", "-m", "sglang.launch_server"]]
     for fmt in ("vllm", "speculators"):
         (only,) = serve_commands("/d", "/v", 3, fmt=fmt)
-        assert only.startswith("vllm serve /v --speculative-config") and '"model": "/d"' in only
+        assert only.startswith("python -m vllm.entrypoints.openai.api_server --model /v "
+                               "--dtype float32 --speculative-config") and '"model": "/d"' in only
         assert serve_commands("/d", "/v", 3, topk=4, num_draft_tokens=8, fmt=fmt) == []

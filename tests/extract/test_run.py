@@ -170,3 +170,33 @@ def test_target_positions_of_rows_without_targets(tmp_path, tiny_model):
     assert m["counts"]["rows_without_targets"] == 2
     assert [r.final_hidden.shape for r in rows] == [(0, 64), (0, 64)]
     assert supervised_positions(rows[1].loss_mask).tolist() == []
+
+
+def test_progress_counts_real_tokens_and_written_bytes(tmp_path, tiny_model, capsys,
+                                                       monkeypatch):
+    """The progress line counts the rows' real (unpadded) tokens and the bytes of the shard
+    files on disk (issue 40: it showed padded tokens, and 0.0 MiB written for a 166 MiB
+    stage); off a terminal it is plain lines, no carriage return."""
+    import specdraft.extract.run as extract_run
+
+    seen = []
+    real = extract_run.progress_fields
+
+    def spy(samples, writer):
+        seen.append((samples, writer.bytes_written, writer.shards_written))
+        return real(samples, writer)
+
+    monkeypatch.setattr(extract_run, "progress_fields", spy)
+    run_dir, ids, _ = prepared(tmp_path)
+    capsys.readouterr()                                     # the test's own dataset writing
+    extract(run_dir, tiny_model)
+    shards = sorted((run_dir / "extract" / "shards").glob("*.safetensors"))
+    on_disk = sum(f.stat().st_size for f in shards)
+    tokens = sum(len(r) for r in ids)                       # 20 + 21 + ... + 31 = 306
+    assert tokens == 306 and len(shards) > 1
+    assert seen[-1] == (12, on_disk, len(shards))
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    final = [ln for ln in err.splitlines() if ln.startswith("extract: 306/306 tokens (100%)")]
+    assert len(final) == 1 and final[0].endswith(
+        f"; samples 12, written {on_disk / 2**20:.1f} MiB in {len(shards)} shards")

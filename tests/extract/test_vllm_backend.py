@@ -127,7 +127,8 @@ def test_engine_replicas_take_the_torchrun_plan(tmp_path, tiny_model, monkeypatc
     run_dir = write_prepared(tmp_path / "run", ids, masks)
     seen: dict[int, list[int]] = {}
 
-    def fake_engine(verifier, config, out, ctx, rank, world, rows, r_ids, r_masks, writer):
+    def fake_engine(verifier, config, out, ctx, rank, world, rows, r_ids, r_masks, writer,
+                    progress=None):
         seen[rank] = list(rows)
         for r, a, m in zip(rows, r_ids, r_masks):
             writer.submit([r], [a], [m], capture_packed(tiny_model, pad_rows([a], [m]),

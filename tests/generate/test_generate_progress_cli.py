@@ -105,3 +105,24 @@ def test_cli_bad_json_flag_names_the_flag(tmp_path):
     res = CliRunner().invoke(_app(), ["generate", "--prompts", "x", "--run-dir", "r",
                                       "--chat-template-kwargs", "{oops"])
     assert "--chat-template-kwargs: not valid JSON" in str(res.exception)
+
+
+def test_first_line_at_once_then_a_heartbeat_while_a_batch_runs():
+    """Issue 40: the first progress line came after 182 s (the local backend's first batch).
+    Now the run says what it does at once, and the heartbeat prints the line every interval
+    while no sample finishes (a fake clock and a fake wait: no sleeping)."""
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress(64, interval_s=30, stream=out, clock=lambda: now[0])
+    p._shown.write("generate: 64 prompts to answer (local backend)")
+    assert out.getvalue() == "generate: 64 prompts to answer (local backend)\n"
+
+    def wait(seconds):
+        now[0] += seconds
+        return now[0] > 95
+
+    p._shown.heartbeat(wait)
+    assert out.getvalue().splitlines()[1:] == [
+        f"Progress: 0/64 (0 errors), 0.0 req/s, avg completion: 0 tokens, elapsed: {s}s, ETA: ?"
+        for s in (30, 60, 90)]
+    assert "\r" not in out.getvalue()

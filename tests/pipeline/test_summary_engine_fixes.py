@@ -28,7 +28,7 @@ def test_fixes_are_named_in_the_summary_and_beside_the_serve_line(tmp_path):
     assert "engine patched by specdraft for this figure: expand kernel" in text
     lines = text.splitlines()
     note = next(i for i, x in enumerate(lines) if x.startswith("  # the engine figure above"))
-    assert lines[note + 1].startswith("  vllm serve /m/v")
+    assert " -m vllm.entrypoints.openai.api_server --model /m/v " in lines[note + 1]
 
 
 def test_no_fix_no_notice(tmp_path):

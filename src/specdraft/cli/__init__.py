@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     with its errno and file. Nothing half-written is left under a final name: artifacts are
     written atomically (:mod:`specdraft.core.atomic`), so a rerun with ``--resume`` continues.
     """
+    from specdraft.core.progress import quiet_library_bars
+
+    quiet_library_bars()  # off a terminal: no \r-drawn library bars in the log
     try:
         app(args=argv, prog_name="specdraft")
     except SpecdraftError as err:

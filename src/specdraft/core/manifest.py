@@ -317,7 +317,7 @@ class TrainManifest(Manifest):
         best = self.best_val or {}
         check = self.teacher_check or {}
         teacher = f", teacher check {check['status']}" if check.get("status") else ""
-        return (f"{self.steps} steps, best validation tau-hat {best.get('tau', 0):.3f} "
+        return (f"{self.steps} steps, best validation τ̂ {best.get('tau', 0):.3f} "
                 f"(step {self.best_step}), conditional acc per step "
                 f"{_rates(best.get('cond_acc', []))}, {self.tokens_per_s:.0f} tokens/s{teacher}")
 
@@ -330,7 +330,29 @@ class ExportManifest(Manifest):
     exports: dict[str, dict[str, Any]] = {}
 
     def figures(self) -> str:
-        return f"{self.format} -> {self.out}, aux ids for engines {self.engine_aux_ids}"
+        return f"{self.format} -> {self.out}\n{'':20}{aux_ids_line(self)}"
+
+
+#: Where an export's ``config.json`` tells an engine which verifier layers to capture (the keys
+#: of ``ExportManifest.engine_aux_ids``, as the kinds write them) -> who reads it, and in which
+#: spelling (the conventions: :mod:`specdraft.core.aux_ids`).
+ENGINE_AUX_KEYS = {
+    "top_level": "vLLM ids",          # eagle_aux_hidden_state_layer_ids: HF ids as they are
+    "eagle_config": "SGLang ids",     # eagle_config.eagle_aux_hidden_state_layer_ids
+    "dflash_config.target_layer_ids": "vLLM DFlash layer-output ids",  # HF id - 1
+}
+
+
+def aux_ids_line(export: "ExportManifest") -> str:
+    """``aux layers: HF hidden_states [2, 15, 27] = vLLM ids [2, 15, 27] = SGLang ids
+    [1, 14, 26] (config.json)``: the verifier layers the drafter reads, in specdraft's (HF
+    ``hidden_states`` indices) and in each engine's spelling as the export wrote it
+    (:data:`ENGINE_AUX_KEYS`; a key no engine reads is named as it is)."""
+    parts = [f"aux layers: HF hidden_states {list(export.aux_layer_ids)}"]
+    for key, ids in export.engine_aux_ids.items():
+        if ids is not None:
+            parts.append(f"{ENGINE_AUX_KEYS.get(key, key)} {list(ids)}")
+    return " = ".join(parts) + (" (config.json)" if len(parts) > 1 else "")
 
 
 class EvalManifest(Manifest):
@@ -349,24 +371,24 @@ class EvalManifest(Manifest):
     def figures(self) -> str:
         """The offline line (τ by context length when recorded), then the engine's figures
         and the agreement when it ran, then the serve plan's best setting."""
-        line = (f"offline tau {self.tau or 0:.3f}, acceptance rate "
+        line = (f"offline τ {self.tau or 0:.3f}, acceptance rate "
                 f"{self.acceptance_rate or 0:.3f}, per-position {_rates(self.per_position)}, "
                 f"{self.verify_steps or 0} verify steps, {self.tokens_per_s or 0:.1f} tokens/s")
         if self.tree:
             t = self.tree
             line += (f"; SGLang tree {t['steps']}x{t['topk']}x{t['num_draft_tokens']}, accept "
                      f"length {self.sglang_accept_length or 0:.3f}")
-        if self.by_context:
-            line += "; tau by context " + ", ".join(
+        if self.by_context and len(self.by_context) >= 2:  # one bucket: the line above
+            line += "; τ by context length " + ", ".join(
                 f"{k} {v['tau']:.3f}" for k, v in self.by_context.items())
         if self.serve_plan:
             best = self.serve_plan["settings"][self.serve_plan["best"]]
-            line += (f"\n{'':20}serve plan: best {self.serve_plan['best']}, tau "
+            line += (f"\n{'':20}serve plan: best {self.serve_plan['best']}, τ "
                      f"{best['tau']:.3f}, predicted speedup {best['predicted_speedup']:.2f}x")
         e = self.engine
         if not e:
             return line
-        line += (f"\n{'':20}engine {e.get('version')}: tau {e.get('tau') or 0:.3f}, acceptance "
+        line += (f"\n{'':20}engine {e.get('version')}: τ {e.get('tau') or 0:.3f}, acceptance "
                  f"rate {e.get('acceptance_rate') or 0:.3f}, per-position "
                  f"{_rates(e.get('per_position') or [])}")
         if e.get("tau_offline_minus_engine") is not None:

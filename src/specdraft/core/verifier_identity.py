@@ -357,7 +357,9 @@ def _identify(directory: str, gguf_file: str | None, verifier: str | os.PathLike
     config = normalized_config(hf)
     if tokenizer is None:
         tokenizer = load_tokenizer(verifier, trust_remote_code=trust_remote_code)
-    dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None)
+    # ``dtype`` (transformers >= 4.56; ``torch_dtype`` is its deprecated alias, which warns on
+    # every read); a config of an older transformers holds ``torch_dtype`` as a plain attribute
+    dtype = getattr(hf, "dtype", None) or vars(hf).get("torch_dtype")
     weights = _v1_fingerprint(Path(directory), gguf) if scheme == "v1" else \
         weights_fingerprint(Path(directory), gguf, scheme=scheme)
     return {"version": 1 if scheme == "v1" else IDENTITY_VERSION, "path": str(verifier),

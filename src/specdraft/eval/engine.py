@@ -32,10 +32,12 @@ from specdraft.core.errors import SpecdraftError
 from specdraft.core.verifier import resolve_dtype
 from specdraft.engines.verifier_dir import engine_hf_dir
 from specdraft.engines.counters import vllm_figures
-from specdraft.engines.launcher import launch
+from specdraft.core.progress import StageProgress, human_seconds
+from specdraft.engines.launcher import launch, log_tail
 from specdraft.engines.python import vllm_python
 from specdraft.engines.worker import worker_command, worker_env
 from specdraft.eval.acceptance import acceptance_rule
+from specdraft.eval.engine_worker import CPU_EXPAND_FIX, CPU_GROUPED_RMS_NORM_FIX
 
 WORKER = "specdraft.eval.engine_worker"  # run as a module (specdraft.engines.worker)
 #: Two-sided 99% normal quantile of :func:`sampled_agreement`'s interval.
@@ -88,6 +90,35 @@ def run_worker(python: str, job: dict[str, Any], workdir: Path, *,
         if rc != 0 or not out_path.exists():
             raise engine.exited_error(rc)
     return json.loads(out_path.read_text())
+
+
+#: A short name of each engine fix (:mod:`specdraft.eval.engine_worker`), for the notice.
+FIX_NAMES = {CPU_EXPAND_FIX: "the CPU build's expand kernel (the per-token temperature of "
+                             "sampling at temperature > 0)",
+             CPU_GROUPED_RMS_NORM_FIX: "the CPU build's rms_norm op (a DFlash drafter's "
+                                       "per-layer k_norm)"}
+
+
+def figure_fixes(fixes: Sequence[str], temperature: float) -> list[str]:
+    """The engine fixes the worker applied (``engine_fixes`` of its results) that this figure
+    depends on: the expand-kernel fix only at ``temperature`` > 0 (greedy verification never
+    reads the per-token temperature it repairs), every other fix as applied. Only these are
+    said on stderr and recorded as the figure's ``engine_fixes`` (the rest as
+    ``engine_fixes_idle``)."""
+    return [f for f in fixes if temperature > 0 or f != CPU_EXPAND_FIX]
+
+
+def engine_heartbeat(name: str, log: Path) -> StageProgress:
+    """A progress line every 30 s while the engine ``name`` runs (the engine reports nothing
+    until it is done): its elapsed time and the last line of its ``log``
+    (:class:`~specdraft.core.progress.StageProgress`; start it, close it with
+    ``final=False``)."""
+    def line(elapsed_s: float) -> str:
+        tail = log_tail(log, 1)
+        last = f"; its log: {tail[0].strip()[:120]}" if tail else ""
+        return f"eval: {name} running, elapsed {human_seconds(elapsed_s)}{last}"
+
+    return StageProgress(f"eval: {name}", render=line)
 
 
 def figures(counters: dict[str, Any]) -> dict[str, Any]:
@@ -218,9 +249,15 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
                    method=speculative_method(ddir))
     t0 = time.perf_counter()
     print(f"eval: starting vLLM ({python}) with {ddir}", file=sys.stderr)
-    res = run_worker(python, job, out, timeout_s=config.engine_timeout_s)
-    for fix in res.get("engine_fixes", []):
-        print(f"eval: engine bug worked around: {fix}", file=sys.stderr)
+    beat = engine_heartbeat("the vLLM engine", out / "engine.log").start()
+    try:
+        res = run_worker(python, job, out, timeout_s=config.engine_timeout_s)
+    finally:
+        beat.close(final=False)
+    fixes = figure_fixes(res.get("engine_fixes", []), config.temperature)
+    for fix in fixes:
+        print(f"eval: vLLM bug worked around for this figure: {FIX_NAMES.get(fix, fix)} "
+              f"(results.json engine.engine_fixes)", file=sys.stderr)
     spec = res["runs"][0]
     fig = figures(spec["counters"])
     tokens = spec["tokens"]
@@ -230,7 +267,8 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
               "temperature": config.temperature, "draft_sample_method": method,
               "acceptance_rule": acceptance_rule(config.temperature, method) if method else
               "unknown: the engine's config names no draft_sample_method",
-              "engine_fixes": res.get("engine_fixes", []),
+              "engine_fixes": fixes, "engine_fixes_idle": [
+                  f for f in res.get("engine_fixes", []) if f not in fixes],
               "dtype": dtype, "verifier_dir": str(vdir), "drafter_dir": str(ddir), **fig,
               "new_tokens": n_new, "start_s": spec["start_s"], "generate_s": spec["generate_s"],
               "tokens_per_s": n_new / spec["generate_s"] if spec["generate_s"] else 0.0,

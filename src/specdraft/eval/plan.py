@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specdraft.core.progress import StageProgress
 from specdraft.eval.shapes import CostModel, Setting, parse_sweep
 from specdraft.eval.tree import sglang_accept_length
 
@@ -89,9 +90,16 @@ def run_plan(config: Any, verifier: Any, model: Any, prompt_ids: list[list[int]]
     costs = CostModel.parse(config.cost_model) if config.cost_model else \
         measure_costs(verifier, model, prompt_ids[0], max(s.verify_tokens for s in settings))
     rows = []
+    bar = StageProgress("eval: serve plan", total=len(settings) * len(prompt_ids),
+                        unit="prompts").start()
     for s in settings:
-        gens = decode_setting(verifier, model, prompt_ids, s, max_new_tokens=config.max_new_tokens,
-                              eos=eos)
+        try:
+            gens = decode_setting(verifier, model, prompt_ids, s,
+                                  max_new_tokens=config.max_new_tokens, eos=eos)
+        except BaseException:
+            bar.close(final=False)
+            raise
+        bar.update(len(prompt_ids), settings=f"{len(rows) + 1}/{len(settings)}")
         stats = AcceptanceStats()
         for g in gens:
             stats.extend(g.stats)
@@ -101,6 +109,7 @@ def run_plan(config: Any, verifier: Any, model: Any, prompt_ids: list[list[int]]
                      "sglang_accept_length": sglang_accept_length(gens),
                      "verify_steps": stats.verify_steps,
                      "predicted_speedup": costs.speedup(s, stats.tau)})
+    bar.close(final=False)  # eval prints one line per setting next
     best = max(range(len(rows)), key=lambda i: rows[i]["predicted_speedup"])
     return {"cost_model": costs.to_dict(), "settings": rows, "best": rows[best]["setting"],
             "best_setting": {"steps": settings[best].steps, "topk": settings[best].topk,

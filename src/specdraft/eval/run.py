@@ -28,6 +28,7 @@ from specdraft.core.context import StageContext, single_process
 from specdraft.core.manifest import EvalManifest, StageClock, file_sha256, input_hash, \
     read_manifest, write_manifest
 from specdraft.artifacts.layout import RunLayout
+from specdraft.core.progress import StageProgress
 from specdraft.core.rundir import open_stage_dir
 from specdraft.eval.config import EvalConfig, drafter_dir
 from specdraft.eval.plot import plot_acceptance
@@ -120,15 +121,50 @@ def _serve_plan(config: EvalConfig, verifier: Any, model: Any, prompts: list[dic
     return {"serve_plan": plan}
 
 
+#: Prompts per call of the kind's decoder, in batches of ``--batch-size``: the unit the offline
+#: decode's progress line counts (a heartbeat prints it every 30 s in between).
+DECODE_CHUNK_BATCHES = 8
+
+
 def decode(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[int]],
            eos: list[int]) -> list[Any]:
     """One :class:`~specdraft.eval.specdec.Generation` per prompt: the batch-1 loop
     (:func:`~specdraft.eval.specdec.generate`) or, with ``--batch-size`` > 1,
     :func:`~specdraft.eval.batch.generate_batch` (same tokens and counts). Prompt i samples
-    with its own generator seeded ``seed + i``, so the batch size does not change the draws."""
+    with its own generator seeded ``seed + i``, so the batch size does not change the draws.
+
+    The kind's decoder is called on :data:`DECODE_CHUNK_BATCHES` batches of prompts at a time
+    (prompt i still seeded ``seed + i``: each chunk's config carries ``seed + start``), so the
+    progress line (:class:`~specdraft.core.progress.StageProgress`) counts decoded prompts and
+    committed tokens as they finish."""
     from specdraft import kinds
 
-    return kinds.resolve(kinds.of(model).decoder)(config, verifier, model, prompt_ids, eos)
+    decoder = kinds.resolve(kinds.of(model).decoder)
+    chunk = max(1, getattr(config, "batch_size", 1)) * DECODE_CHUNK_BATCHES
+    bar = StageProgress("eval: offline decode", total=len(prompt_ids), unit="prompts").start()
+    gens: list[Any] = []
+    try:
+        for start in range(0, len(prompt_ids), chunk):
+            part = decoder(_seeded(config, config.seed + start), verifier, model,
+                           prompt_ids[start:start + chunk], eos)
+            gens += part
+            bar.update(len(part), tokens=f"{sum(len(g.tokens) for g in gens):,} committed")
+    except BaseException:
+        bar.close(final=False)
+        raise
+    bar.close()
+    return gens
+
+
+def _seeded(config: Any, seed: int) -> Any:
+    """``config`` with ``seed`` (a stage config is frozen: a copy)."""
+    if hasattr(config, "model_copy"):
+        return config.model_copy(update={"seed": seed})
+    import copy
+
+    out = copy.copy(config)
+    out.seed = seed
+    return out
 
 
 def decode_eagle3(config: EvalConfig, verifier: Any, model: Any, prompt_ids: list[list[int]],

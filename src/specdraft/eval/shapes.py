@@ -82,13 +82,16 @@ class Setting:
     def verify_tokens(self) -> int:
         return self.shape.num_draft_tokens
 
-    def serve_commands(self, export_dir: str, verifier: str, fmt: str = "sglang") -> list[str]:
+    def serve_commands(self, export_dir: str, verifier: str, fmt: str = "sglang", *,
+                       dtype: str = "float32", python: str = "python") -> list[str]:
         """vLLM's command line for a chain, SGLang's for a chain or a tree when the export
-        ``fmt`` is one SGLang loads (:func:`specdraft.engines.serve.serve_commands`)."""
+        ``fmt`` is one SGLang loads, at ``dtype`` (vLLM run by ``python``)
+        (:func:`specdraft.engines.serve.serve_commands`)."""
         from specdraft.engines.serve import serve_commands
 
         s = self.shape
-        return serve_commands(export_dir, verifier, s.steps, s.topk, s.num_draft_tokens, fmt)
+        return serve_commands(export_dir, verifier, s.steps, s.topk, s.num_draft_tokens, fmt,
+                              dtype=dtype, python=python)
 
 
 def parse_sweep(text: str) -> list[Setting]:

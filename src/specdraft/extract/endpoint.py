@@ -45,6 +45,7 @@ import torch
 from specdraft.core.errors import ConfigError, InputError
 from specdraft.engines.process import EngineError
 from specdraft.extract.vllm_backend import EngineVerifier, final_norm, read_row, to_packed
+from specdraft.extract.writer import progress_fields
 
 #: How often a set-aside server is asked ``/health`` (s).
 REJOIN_EVERY_S = 2.0
@@ -362,10 +363,12 @@ def _rejoin(servers: Sequence[Server], dispatch: _Dispatch, results: Any, job: d
 
 
 def capture_rows(servers: Sequence[Server], job: dict[str, Any], writer: Any, *,
-                 slots: int, timeout_s: float) -> None:
+                 slots: int, timeout_s: float, progress: Any = None) -> None:
     """Capture every plan position of ``job`` (``rows``, ``keys``, ``ids``, ``masks``,
     ``aux_ids``, ``engine_ids``, ``verifier``, ``codec``, ``capture_dir``, ``timeout_s``)
     through ``servers`` and submit each row to ``writer`` once, in plan order (module doc).
+    ``progress``: the stage's :class:`~specdraft.core.progress.StageProgress`, given each row's
+    real tokens as the row is written.
     Raises :class:`EngineError` when no server has answered for ``timeout_s`` seconds, or the
     error of a row (:class:`InputError` naming it)."""
     import queue
@@ -391,6 +394,8 @@ def capture_rows(servers: Sequence[Server], job: dict[str, Any], writer: Any, *,
                 p = job["rows"][nxt]
                 writer.submit([p], [job["ids"][nxt]], [job["masks"][nxt]], held.pop(nxt))
                 nxt += 1
+                if progress is not None:
+                    progress.update(len(job["ids"][nxt - 1]), **progress_fields(nxt, writer))
                 dispatch.advance(nxt)
             now = time.monotonic()
             if now - last_rejoin > REJOIN_EVERY_S and not all(s.alive for s in servers):
@@ -527,8 +532,8 @@ def _compare_stored(server: Server, verifier: EngineVerifier, aux_ids: Sequence[
 
 def extract_rows_live(servers: Sequence[Server], verifier: EngineVerifier, config: Any, ctx: Any,
                       rows: Sequence[int], ids: Sequence[Sequence[int]],
-                      masks: Sequence[Sequence[int]], writer: Any, *, rank: int = 0
-                      ) -> dict[str, Any]:
+                      masks: Sequence[Sequence[int]], writer: Any, *, rank: int = 0,
+                      progress: Any = None) -> dict[str, Any]:
     """Capture ``rows`` (plan order) through ``servers`` into ``writer``
     (:func:`capture_rows`); returns the per-server counts and the capture's seconds."""
     from specdraft.core.aux_ids import extraction_capture_ids
@@ -542,7 +547,7 @@ def extract_rows_live(servers: Sequence[Server], verifier: EngineVerifier, confi
            "timeout_s": config.endpoint_timeout_s}
     t0 = time.monotonic()
     capture_rows(servers, job, writer, slots=config.endpoint_concurrency,
-                 timeout_s=config.endpoint_timeout_s)
+                 timeout_s=config.endpoint_timeout_s, progress=progress)
     clean_capture_dir(where, rows)  # a late answer of a set-aside server
     with contextlib.suppress(OSError):
         where.rmdir()  # when empty

@@ -23,6 +23,7 @@ import torch
 from specdraft.core.atomic import atomic_write_json, atomic_write_text
 from specdraft.core.errors import ConfigError, InputError, StageDirError
 from specdraft.core.jsonl import iter_jsonl, read_json
+from specdraft.core.progress import StageProgress
 from specdraft.core.manifest import ExtractManifest, StageClock, input_hash, \
     load_stage_manifest, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
@@ -34,7 +35,7 @@ from specdraft.core.capture import (CONVENTION, capture_packed, check_aux_ids,
 from specdraft.extract.config import ExtractConfig
 from specdraft.artifacts.hidden_states import HEAD_FILE, INDEX_FILE, DiskSource, row_key
 from specdraft.core.storage import CODECS, Codec, row_bytes
-from specdraft.extract.writer import RankWriter, part_path, recover
+from specdraft.extract.writer import RankWriter, part_path, progress_fields, recover
 from specdraft.artifacts.layout import RunLayout
 from specdraft.artifacts.verifier_contract import bind_model_stage
 from specdraft.core.context import StageContext, stage_context
@@ -178,11 +179,17 @@ def _check_disk(out: Path, estimate: int) -> None:
 # ---------------------------------------------------------------- the extraction loop
 
 
+def extract_progress(total_tokens: int, rank: int) -> StageProgress:
+    """The extract progress (:class:`specdraft.core.progress.StageProgress`, rank 0 only):
+    ``total_tokens`` real tokens to capture (the rows' unpadded lengths), counted as each
+    batch's real tokens are captured; :func:`~specdraft.extract.writer.progress_fields` gives
+    its postfix."""
+    return StageProgress("extract", total=total_tokens, unit="tokens", enabled=rank == 0)
+
+
 def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: ExtractPlan,
                   rank: int) -> dict[str, Any]:
     """Capture this rank's batches and write its shards; return its throughput stats."""
-    from tqdm import tqdm
-
     codec, keys, seq_lens = ctx.codec, ctx.keys, ctx.seq_lens
     batches, shards = ctx.batches, ctx.shards
     done = recover(out, rank, shards, codec)
@@ -190,8 +197,7 @@ def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: Ex
     todo = [b for b in batches if any(r not in done_rows for r in b.rows)]
     writer = RankWriter(out, rank, shards, done, keys, codec, ctx.metadata,
                         zstd_level=config.zstd_level)
-    bar = tqdm(total=sum(len(b.rows) * b.max_len for b in todo), unit="tok", unit_scale=True,
-               disable=rank != 0, desc="extract", file=sys.stderr)
+    bar = extract_progress(sum(seq_lens[r] for b in todo for r in b.rows), rank).start()
     t0, tokens, samples = time.monotonic(), 0, 0
     try:
         for batch in todo:
@@ -200,14 +206,14 @@ def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: Ex
             writer.submit(batch.rows, ids, masks, packed)
             tokens += sum(packed.lengths)
             samples += len(batch.rows)
-            bar.update(len(batch.rows) * batch.max_len)
-            bar.set_postfix(samples=samples, written=f"{writer.bytes_written / 2**20:.1f}MiB")
+            bar.update(sum(packed.lengths), **progress_fields(samples, writer))
     except BaseException:
         writer.close(strict=False)
+        bar.close(final=False)
         raise
-    finally:
-        bar.close()
     writer.close()
+    bar.update(0, emit=False, **progress_fields(samples, writer))  # the last shards, on disk
+    bar.close()
     elapsed = time.monotonic() - t0
     return {"rank": rank, "samples": samples, "tokens": tokens, "seconds": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
@@ -217,8 +223,9 @@ def _extract_rank(model: Any, ds: Any, config: ExtractConfig, out: Path, ctx: Ex
 def _extract_rank_rows(ds: Any, config: ExtractConfig, out: Path, ctx: ExtractPlan,
                        rank: int, capture: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """:func:`_extract_rank` for a backend that takes this rank's rows at once (an engine, the
-    servers): the same plan, recovery, writer and stats. ``capture(rows, ids, masks, writer)``
-    submits every row to the writer and returns its own figures (merged into the stats)."""
+    servers): the same plan, recovery, writer and stats. ``capture(rows, ids, masks, writer,
+    progress)`` submits every row to the writer, counts each row's real tokens on ``progress``
+    and returns its own figures (merged into the stats)."""
     codec, keys, seq_lens, shards = ctx.codec, ctx.keys, ctx.seq_lens, ctx.shards
     done = recover(out, rank, shards, codec)
     done_rows = {r for s in done for r in shards[s]}
@@ -226,14 +233,18 @@ def _extract_rank_rows(ds: Any, config: ExtractConfig, out: Path, ctx: ExtractPl
     writer = RankWriter(out, rank, shards, done, keys, codec, ctx.metadata,
                         zstd_level=config.zstd_level)
     t0, figures = time.monotonic(), {}
+    bar = extract_progress(sum(seq_lens[r] for r in rows), rank).start()
     try:
         if rows:
             ids, masks = _load_rows(ds, rows, keys, seq_lens)
-            figures = capture(rows, ids, masks, writer)
+            figures = capture(rows, ids, masks, writer, bar)
     except BaseException:
         writer.close(strict=False)
+        bar.close(final=False)
         raise
     writer.close()
+    bar.update(0, emit=False, **progress_fields(len(rows), writer))
+    bar.close()
     elapsed = time.monotonic() - t0
     tokens = sum(seq_lens[r] for r in rows)
     return {"rank": rank, "samples": len(rows), "tokens": tokens, "seconds": round(elapsed, 3),
@@ -246,9 +257,9 @@ def _extract_rank_vllm(verifier: Any, ds: Any, config: ExtractConfig, out: Path,
     """:func:`_extract_rank` with a vLLM engine (:func:`_extract_rank_rows`)."""
     from specdraft.extract.vllm_backend import extract_rows
 
-    return _extract_rank_rows(ds, config, out, ctx, rank, lambda rows, ids, masks, writer:
+    return _extract_rank_rows(ds, config, out, ctx, rank, lambda rows, ids, masks, writer, bar:
                               extract_rows(verifier, config, out, ctx, rank, world, rows, ids,
-                                           masks, writer))
+                                           masks, writer, progress=bar))
 
 
 def _open_servers(config: ExtractConfig, verifier: Any, ds: Any, ctx: ExtractPlan, out: Path,
@@ -272,9 +283,9 @@ def _extract_rank_live(live: tuple, verifier: Any, ds: Any, config: ExtractConfi
     :func:`specdraft.extract.endpoint.extract_rows_live`)."""
     from specdraft.extract.endpoint import extract_rows_live
 
-    return _extract_rank_rows(ds, config, out, ctx, rank, lambda rows, ids, masks, writer:
+    return _extract_rank_rows(ds, config, out, ctx, rank, lambda rows, ids, masks, writer, bar:
                               extract_rows_live(live[0], verifier, config, ctx, rows, ids,
-                                                masks, writer, rank=rank))
+                                                masks, writer, rank=rank, progress=bar))
 
 
 # ---------------------------------------------------------------- rank 0: merge, head, verify

@@ -39,6 +39,7 @@ from specdraft.engines.launcher import failure_message, launch
 from specdraft.engines.process import EngineError
 from specdraft.engines.python import vllm_python
 from specdraft.engines.worker import worker_command, worker_env
+from specdraft.extract.writer import progress_fields
 from specdraft.core.capture import Packed
 from specdraft.core.storage import Codec, encode
 from specdraft.extract.vllm_worker import done_path, spool_path
@@ -285,7 +286,8 @@ def _ready_rows(spool: Path) -> list[int]:
 
 def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: Any,
                  rank: int, world: int, rows: Sequence[int], ids: Sequence[Sequence[int]],
-                 masks: Sequence[Sequence[int]], writer: Any) -> dict[str, float]:
+                 masks: Sequence[Sequence[int]], writer: Any, progress: Any = None
+                 ) -> dict[str, float]:
     """Run one engine over ``rows`` (plan order) and submit each row's states to ``writer``.
 
     Files are matched to rows by the row number in their name, never by arrival order; each is
@@ -293,7 +295,9 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: Any,
     deleted; rows reach ``writer`` in plan order (held back while an earlier one is missing), so
     the shards are laid out exactly as the transformers backend lays them out. The engine runs
     under the one launcher (:func:`specdraft.engines.launcher.launch`): no row arriving and no
-    log line for ``config.engine_no_progress_s`` seconds stops it. Raises :class:`EngineError`
+    log line for ``config.engine_no_progress_s`` seconds stops it. ``progress``: the stage's
+    :class:`~specdraft.core.progress.StageProgress`, given each row's real tokens as the row
+    reaches the writer. Raises :class:`EngineError`
     with the engine's own error (or the stall) and its log's last lines.
     """
     job_dir = out / "vllm" / f"rank{rank:05d}"
@@ -326,6 +330,8 @@ def extract_rows(verifier: EngineVerifier, config: Any, out: Path, ctx: Any,
             while nxt in held:  # to the writer in plan order: shard bytes never depend on
                 writer.submit([rows[nxt]], [ids[nxt]], [masks[nxt]], held.pop(nxt))  # arrival
                 nxt += 1
+                if progress is not None:
+                    progress.update(len(ids[nxt - 1]), **progress_fields(nxt, writer))
             if exited is not None and where and not _ready_rows(job_dir / "spool"):
                 raise (engine.exited_error(exited) if exited else
                        engine.error(f"exited without the states of {len(where)} rows"))

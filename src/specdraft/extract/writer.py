@@ -63,6 +63,14 @@ def recover(out_dir: Path, rank: int, shard_plan: Sequence[Sequence[int]], codec
     return done
 
 
+def progress_fields(samples: int, writer: "RankWriter") -> dict[str, str]:
+    """Progress postfix: rows captured, and the bytes of the shard files on disk (a shard is
+    written whole when its last row arrives, so this lags the capture by up to a shard)."""
+    return {"samples": f"{samples:,}",
+            "written": f"{writer.bytes_written / 2**20:.1f} MiB in "
+                       f"{writer.shards_written} shards"}
+
+
 def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
     """Start a device → host copy (pinned, non-blocking on CUDA); CPU tensors pass through."""
     if t is None or not t.is_cuda:

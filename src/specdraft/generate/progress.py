@@ -11,6 +11,8 @@ import time
 from collections import Counter
 from typing import Any, Callable, TextIO
 
+from specdraft.core.progress import StageProgress
+
 
 def progress_line(done: int, total: int, errors: int, elapsed_s: float,
                   completion_tokens: int) -> str:
@@ -23,8 +25,10 @@ def progress_line(done: int, total: int, errors: int, elapsed_s: float,
 
 
 class Progress:
-    """Counts finished samples; prints :func:`progress_line` every ``interval_s`` seconds to
-    ``stream`` and, when ``stream`` is a TTY, drives a ``tqdm`` bar."""
+    """Counts finished samples; shows them through the shared stage progress
+    (:class:`specdraft.core.progress.StageProgress`): :func:`progress_line` every ``interval_s``
+    seconds on a log (a heartbeat prints it even while a long batch runs), a ``tqdm`` bar on a
+    TTY."""
 
     def __init__(self, total: int, *, interval_s: float = 30.0, stream: TextIO | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -33,7 +37,6 @@ class Progress:
         self.stream = stream or sys.stderr
         self.clock = clock
         self.t0 = clock()
-        self._next = self.t0 + interval_s
         self.done = 0
         self.generated = 0
         self.errors = 0
@@ -44,17 +47,23 @@ class Progress:
         self.response_tokens = 0      # their completions
         self.tokenized = 0            # generated samples whose token ids the backend returned
         self.unique: set[int] = set()  # distinct ids over those samples
-        self._bar = None
-        self.set_total(total)
+        self._shown = StageProgress("generate", total=total, unit="samples", stream=self.stream,
+                                    interval_s=interval_s, clock=clock, render=self._line)
+
+    def _line(self, elapsed_s: float) -> str:
+        return progress_line(self.done, self.total, self.errors, elapsed_s,
+                             self.completion_tokens)
 
     def set_total(self, total: int) -> None:
-        """Set the number of samples to do; on a TTY, (re)create the bar."""
+        """Set the number of samples to do (a TTY's bar is redrawn)."""
         self.total = total
-        self.close()
-        if total > 0 and getattr(self.stream, "isatty", lambda: False)():
-            from tqdm import tqdm
+        self._shown.set_total(total)
 
-            self._bar = tqdm(total=total, file=self.stream, unit="sample", dynamic_ncols=True)
+    def start(self, message: str) -> None:
+        """Print ``message`` now (the run's first line, before any sample finishes) and start
+        the heartbeat: from here a line comes at least every ``interval_s`` seconds."""
+        self._shown.write(message)
+        self._shown.start()
 
     def update(self, *, reject: str | None, completion_tokens: int, reasoning: bool,
                sequence_tokens: int = 0, token_ids: set[int] | None = None,
@@ -81,29 +90,15 @@ class Progress:
         else:
             self.rejected[reject] += 1
             self.errors += int(reject == "error")
-        if self._bar is not None:
-            self._bar.update(1)
-        if emit:
-            self.tick()
+        self._shown.update(1, emit=emit)
 
     def tick(self) -> None:
         """Print the progress line if the cadence is due."""
-        now = self.clock()
-        if now >= self._next:
-            self._emit(progress_line(self.done, self.total, self.errors, now - self.t0,
-                                     self.completion_tokens))
-            self._next = now + self.interval_s
-
-    def _emit(self, line: str) -> None:
-        if self._bar is not None:
-            self._bar.write(line, file=self.stream)
-        else:
-            print(line, file=self.stream, flush=True)
+        self._shown.tick()
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        """Stop the heartbeat; close the bar (no final line: the summary follows)."""
+        self._shown.close(final=False)
 
     def summary(self) -> dict[str, Any]:
         """Final figures of this run (samples finished now, not those skipped by resume).

@@ -270,6 +270,8 @@ def run(config: GenerateConfig, ctx: StageContext | None = None, *, verifier: An
         todo, counts, bad = _select(config, out, prior, sink)
         screen = Screen(config, sink, prior, counts["rows_in"], bad, stream)
         progress.set_total(len(todo))
+        progress.start(f"generate: {len(todo)} prompts to answer ({config.backend} backend); "
+                       f"a progress line every {config.progress_interval_s:g} s")
         if config.backend == "openai":
             facts = asyncio.run(_run_openai(todo, config, sink, api_key, screen))
         else:

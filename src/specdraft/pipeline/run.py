@@ -158,10 +158,10 @@ def _finish(config: PipelineConfig, actions: dict[str, str], clock: StageClock,
             stream: TextIO) -> dict[str, Any]:
     manifests = {name: load_stage_manifest(RunLayout(config.run_dir).stage(name))
                  for name in STAGE_NAMES}
-    summary = format_summary(config, manifests)
+    summary = format_summary(config, manifests, total_s=clock.elapsed_s())
     print(summary, file=stream)
     out = RunLayout(config.run_dir).pipeline
-    (out / "summary.txt").write_text(summary + "\n")
+    (out / "summary.txt").write_text(summary + "\n", encoding="utf-8")
     manifest = {"stage": "run", "config_file": config.source, "run_dir": config.run_dir,
                 "actions": actions, "argv": list(sys.argv), "started_at": clock.started_at,
                 "finished_at": utc_now(), "elapsed_s": clock.elapsed_s(),

@@ -26,6 +26,7 @@ from specdraft.core.jsonl import JsonlWriter, iter_jsonl
 from specdraft.core.resume import check_resume_settings
 from specdraft.core.verifier import resolve_train_dtype
 from specdraft.core.manifest import write_provenance
+from specdraft.core.progress import StageProgress
 from specdraft.kinds import Objective
 from specdraft.models.io import Drafter, save_drafter
 from specdraft.train import checkpoint as ckpt
@@ -374,10 +375,17 @@ def validate(tr: Trainer, logger: Logger) -> None:
         tr.save_drafter_dir("best")
 
 
+def train_postfix(tr: Trainer) -> dict[str, str]:
+    """The train progress fields: epoch, and the last validation ``τ̂`` (with its step) once
+    one was measured."""
+    out = {"epoch": str(tr.epoch)}
+    if tr.last_val is not None:
+        out["validation τ̂"] = f"{tr.last_val['tau']:.3f}"
+    return out
+
+
 def fit(tr: Trainer, *, resume: bool = False) -> dict[str, Any]:
     """Train to ``total_steps``; returns run figures for the manifest."""
-    from tqdm import tqdm
-
     resumed = tr.restore() if resume else False
     from specdraft.train.trackers import parse_report_to
 
@@ -386,27 +394,33 @@ def fit(tr: Trainer, *, resume: bool = False) -> dict[str, Any]:
     if tr.env.is_main:
         why = " (--dtype auto: resolve_train_dtype)" if tr.cfg.dtype == "auto" else ""
         print(f"train: compute dtype {tr.dtype}{why}", flush=True)
-    bar = tqdm(total=tr.total_steps, initial=tr.step, disable=not tr.env.is_main,
-               desc="train", unit="step", dynamic_ncols=True)
-    window, gnorm, t0, tokens0 = Window(tr.objective.steps), 0.0, time.monotonic(), tr.tokens_seen
-    while tr.step < tr.total_steps:
-        before = window.tokens
-        gnorm = tr.train_step(window)
-        tr.tokens_seen += window.tokens - before
-        tr.step += 1
-        tr.step_in_epoch += 1
-        if tr.step_in_epoch == tr.steps_per_epoch:
-            tr.epoch, tr.step_in_epoch = tr.epoch + 1, 0
-        bar.update(1)
-        if tr.step % tr.cfg.log_every == 0:
-            window = log_window(tr, window, logger, gnorm)
-        if tr.step % tr.cfg.eval_every == 0:
+    bar = StageProgress("train", total=tr.total_steps, initial=tr.step, unit="steps",
+                        enabled=tr.env.is_main).start()
+    window, gnorm, t0 = Window(tr.objective.steps), 0.0, time.monotonic()
+    tokens0 = tr.tokens_seen
+    try:
+        while tr.step < tr.total_steps:
+            before = window.tokens
+            gnorm = tr.train_step(window)
+            tr.tokens_seen += window.tokens - before
+            tr.step += 1
+            tr.step_in_epoch += 1
+            if tr.step_in_epoch == tr.steps_per_epoch:
+                tr.epoch, tr.step_in_epoch = tr.epoch + 1, 0
+            if tr.step % tr.cfg.log_every == 0:
+                window = log_window(tr, window, logger, gnorm)
+            if tr.step % tr.cfg.eval_every == 0:
+                validate(tr, logger)
+            if tr.step % tr.cfg.save_every == 0:
+                tr.save()
+            bar.update(1, **train_postfix(tr))
+        if tr.step % tr.cfg.eval_every != 0 or tr.last_val is None:
             validate(tr, logger)
-        if tr.step % tr.cfg.save_every == 0:
-            tr.save()
+    except BaseException:
+        bar.close(final=False)
+        raise
+    bar.update(0, emit=False, **train_postfix(tr))
     bar.close()
-    if tr.step % tr.cfg.eval_every != 0 or tr.last_val is None:
-        validate(tr, logger)
     if not ckpt.list_checkpoints(tr.out / "checkpoints") or \
             ckpt.list_checkpoints(tr.out / "checkpoints")[-1][0] != tr.step:
         tr.save()
