@@ -27,7 +27,8 @@ from specdraft.prepare.config import PrepareConfig
 from specdraft.prepare.records import (Sample, iter_records, iter_turns, record_id,
                                        split_inline_reasoning, to_sample)
 from specdraft.prepare.stats import Summary
-from specdraft.prepare.turns import Rules, Turn, TurnRejected, check_token_ids, encode_turn
+from specdraft.prepare.turns import (Rules, Turn, TurnRejected, check_token_ids,
+                                     check_tool_call_ids, encode_turn)
 from specdraft.prepare.writer import DatasetWriter
 from specdraft.artifacts import verifier_contract
 from specdraft.artifacts.prompts import REASONS as PROMPT_REASONS
@@ -146,6 +147,7 @@ class _Job:
                 raise TurnRejected("no_reasoning", "--require-reasoning and the turn has none")
             enc = encode_turn(self.renderer, turn, self.rules)
             _check_tool_calls(self.renderer, message, meta["message_index"], enc)
+            check_tool_call_ids(self.renderer, turn, self.rules, enc)
         except TurnRejected as err:
             self.rejects.add(key, err.reason, err.detail)
             return
@@ -296,7 +298,8 @@ def _facts(config: PrepareConfig, renderer: Renderer, fmt: ChatFormat, vocab_siz
         "encoding": {
             "completion_span": "prompt+completion tokenized once; the prompt's tokens must be "
                                "its exact prefix (and equal the server's prompt_token_ids when "
-                               "recorded); completion_token_ids used verbatim",
+                               "recorded); completion_token_ids used verbatim (a tool-call "
+                               "turn's must equal the template's rendering of its calls)",
             "label_rule": "position p is supervised iff loss_mask[p+1] == 1 "
                           "(specdraft.core.conventions.supervised_positions)"},
         "forced_token_ids": {
