@@ -27,10 +27,12 @@ exactly the prompt tokens it rendered. How a turn is encoded:
    generated, so it is dropped; it must be whitespace (else ``stop_token_in_content``).
 5. A turn that calls tools (``tool_calls``) is rendered back through the template like any
    answer (the calls' ``arguments`` as objects, as the server hands them to the template). When
-   the server returned its ``completion_token_ids``, that rendering must be exactly those ids
-   (:func:`check_tool_call_ids`), else ``tool_call_mismatch``: the stored call (as the server's
-   tool parser read it) would not say what the model generated, and later turns, whose history
-   renders the stored call, would not follow what was generated either.
+   the server returned its ``completion_token_ids``, those are the supervised tokens, as for any
+   answer, and :func:`tool_call_rendering_differs` compares the template's rendering of the
+   stored call with them: a difference (the model wrote its JSON with other spacing than the
+   template's ``tojson``, say) is counted, not rejected. The ids are what the model generated
+   after exactly the prompt the server reported, and a verifier's call is never the history of
+   a later turn (generate ends the sample there), so the row stays true.
 6. ``loss_mask`` is 0 on ``P``, 1 on the completion and the stop token. A turn cut by the
    server's ``max_tokens`` (``finish_reason == "length"``) has no stop token and is marked
    truncated; so is a completion cut at ``max_seq_len``.
@@ -122,24 +124,25 @@ def encode_turn(renderer: Renderer, turn: Turn, rules: Rules) -> Encoded:
     return _assemble(prompt_ids, completion, cut, scaffold, rules.max_seq_len)
 
 
-def check_tool_call_ids(renderer: Renderer, turn: Turn, rules: Rules, enc: Encoded) -> None:
+def tool_call_rendering_differs(renderer: Renderer, turn: Turn, rules: Rules,
+                                enc: Encoded) -> str | None:
     """For a turn whose message calls tools and that carries the server's
-    ``completion_token_ids`` (``enc``, encoded from them): the template's rendering of the
-    stored message (content, reasoning and ``tool_calls``) must give exactly those ids, else
-    :class:`TurnRejected` ``tool_call_mismatch`` naming the first differing token and both texts.
-    Turns without calls or without server ids are left alone (plain answers take the ids
-    verbatim; without ids the rendering is the completion)."""
+    ``completion_token_ids`` (``enc``, encoded from them): where the template's rendering of the
+    stored message (content, reasoning and ``tool_calls``) differs from those ids (the first
+    differing token and both texts), or None when it is exactly them. Turns without calls or
+    without server ids give None (without ids the rendering is the completion). Raises
+    :class:`TurnRejected` when the stored message cannot be rendered at all."""
     message = turn.messages[turn.message_index]
     if not message.get("tool_calls") or turn.completion_token_ids is None:
-        return
+        return None
     rendered = encode_turn(renderer, replace(turn, completion_token_ids=None), rules)
     got, want = rendered.input_ids[rendered.n_prompt:], enc.input_ids[enc.n_prompt:]
     if got == want:
-        return
+        return None
     at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    raise TurnRejected("tool_call_mismatch", f"the template renders the stored tool call as "
-                       f"{renderer.decode(got[at:])[:120]!r} where the server generated "
-                       f"{renderer.decode(want[at:])[:120]!r} (token {at} of the completion)")
+    return (f"the template renders the stored tool call as {renderer.decode(got[at:])[:120]!r} "
+            f"where the server generated {renderer.decode(want[at:])[:120]!r} (token {at} of "
+            f"the completion)")
 
 
 def check_token_ids(ids: Any, what: str, vocab_size: int) -> list[int] | None:
