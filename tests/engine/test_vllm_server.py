@@ -137,23 +137,40 @@ def test_tool_conversation_against_vllm_rows_are_the_servers_ids(vllm_server, sm
         {"role": "tool", "tool_call_id": "c1", "content": '{"rain": 0.9}'},
         {"role": "user", "content": "And in Rome?"}]}
     prompts, template = tmp_path / "p.jsonl", tmp_path / "qwen3.jinja"
-    prompts.write_text(json.dumps(row) + "\n")
+    # tool_choice "required": vLLM forces a call (in the hermes syntax) and answers with
+    # message.tool_calls (80 tokens: the forced JSON must close)
+    forced = {"id": "forced", "tools": [weather], "tool_choice": "required",
+              "messages": [{"role": "user", "content": "What is the weather in Rome?"}]}
+    prompts.write_text(json.dumps(row) + "\n" + json.dumps(forced) + "\n")
     template.write_text(QWEN3_TEMPLATE)
     run_dir, kwargs = tmp_path / "run", {"enable_thinking": False}
     man = generate(GenerateConfig(prompts=str(prompts), run_dir=str(run_dir), backend="openai",
-                                  endpoint=[vllm_server], max_tokens=24, keep_truncated=True,
+                                  endpoint=[vllm_server], max_tokens=80, keep_truncated=True,
                                   timeout_s=300, chat_template_kwargs=kwargs,
                                   extra_body={"chat_template": QWEN3_TEMPLATE}),
                    stream=io.StringIO())
-    (sample,) = [json.loads(line) for line in (run_dir / "generate" / "samples.jsonl").open()]
+    samples = {s["id"]: s for s in map(json.loads, (run_dir / "generate" / "samples.jsonl")
+                                       .open())}
+    sample, called = samples["umbrella"], samples["forced"]
     assert sample["kept_turns"] == [1] and man.summary["turns"]["kept"] == 1
-    prepare(PrepareConfig(run_dir=str(run_dir), verifier=str(smollm2_hf),
-                          chat_template=str(template), chat_template_kwargs=kwargs))
-    rows = list(datasets.load_from_disk(str(run_dir / "prepare" / "dataset")))
-    assert len(rows) == len(sample["turns"]) >= 1
-    for row_, turn in zip(rows, sample["turns"]):
-        p, c = turn["prompt_token_ids"], turn["completion_token_ids"]
+    answer = called["messages"][-1]
+    assert [c["function"]["name"] for c in answer.get("tool_calls", [])] == ["get_weather"], \
+        answer
+    assert called["turns"][0]["finish_reason"] == "tool_calls"
+    assert man.summary["turns"]["tool_call_answers"] == 1
+    manifest = prepare(PrepareConfig(run_dir=str(run_dir), verifier=str(smollm2_hf),
+                                     chat_template=str(template), chat_template_kwargs=kwargs))
+    rows = {(r["sample_id"], r["turn_index"]): r
+            for r in datasets.load_from_disk(str(run_dir / "prepare" / "dataset"))}
+    turns = {**{("umbrella", i): t for i, t in enumerate(sample["turns"])},
+             ("forced", 0): called["turns"][0]}
+    assert sorted(rows) == sorted(turns)
+    for key, turn in turns.items():
+        row_, p, c = rows[key], turn["prompt_token_ids"], turn["completion_token_ids"]
         assert row_["input_ids"] == p + c and row_["loss_mask"] == [0] * len(p) + [1] * len(c)
+    # SmolLM2 writes the forced arguments over several lines; the template's tojson writes one
+    assert manifest["tool_calls"]["turns"] == 1
+    assert manifest["tool_calls"]["rendered_differently"] == 1, manifest["tool_calls"]
     tok = AutoTokenizer.from_pretrained(smollm2_hf)
     prompt = tok.decode(sample["turns"][0]["prompt_token_ids"])
     assert "# Tools" in prompt and '"name": "get_weather"' in prompt
