@@ -43,6 +43,8 @@ OTHER_PROGRAMS = {
     "--reasoning-parser": "vllm serve (docs/kimi-job.md)",
     "--reasoning-config": "vllm serve (docs/kimi-job.md)",
     "--attention-backend": "vllm serve (docs/kimi-job.md: float32 MLA on an AMX CPU)",
+    "--enable-auto-tool-choice": "vllm serve (docs/stages.md, tool calling)",
+    "--tool-call-parser": "vllm serve (docs/stages.md, tool calling)",
     "--model-path": "sglang.launch_server",
     "--full-attention-indices": "speculators' DFlash trainer (docs/benchmarks.md)",
     "--num-layers": "speculators' DFlash trainer (docs/benchmarks.md)",

@@ -138,9 +138,9 @@ def short_context(tiny_verifier_dir):
     seen = []
     generate = backend.generate
 
-    def recording(convs):
+    def recording(convs, tools=None):
         seen.extend(convs)
-        return generate(convs)
+        return generate(convs, tools)
 
     backend.generate = recording
     return backend, tok, seen

@@ -56,8 +56,8 @@ def test_prompt_shapes_are_read(case, row, want):
     assert _prompt(row) == want
 
 
-# conversations with tool calling: generate cannot regenerate them without the tool results
-# (the tool-calling work sends tools later): a counted reject, never silently flattened
+# conversations with tool calling: generate keeps the data's tool calls that a result follows
+# and their results, and regenerates the other answers (None in the script); never flattened
 TOOL_ROWS = [
     ("tool_call_round_trip", {"messages": [
         {"role": "user", "content": "Add 2 and 2."},
@@ -65,27 +65,28 @@ TOOL_ROWS = [
         {"role": "tool", "tool_call_id": "call_1", "content": "4"},
         {"role": "assistant", "content": "It is 4."},
         {"role": "user", "content": "Thanks"}]},
-     "message 1 is a tool call"),
+     ["user", "assistant", "tool", None, "user", None]),
     ("legacy_function_role", {"messages": [
         {"role": "user", "content": "Add."},
         {"role": "assistant", "content": None, "function_call": CALL["function"]},
-        {"role": "function", "name": "add", "content": "4"}]}, "message 1 is a tool call"),
+        {"role": "function", "name": "add", "content": "4"}]},
+     ["user", "assistant", "function", None]),
     ("sharegpt_tools", {"conversations": [
         {"from": "human", "value": "Add."}, {"from": "function_call", "value": "{}"},
         {"from": "observation", "value": "4"}, {"from": "gpt", "value": "4"}]},
-     "message 1 is a tool call"),
+     ["user", "assistant", "tool", None]),
 ]
 
 
-@pytest.mark.parametrize("case,row,detail", TOOL_ROWS, ids=[c[0] for c in TOOL_ROWS])
-def test_prompt_with_tool_turns_is_rejected(case, row, detail, tmp_path):
+@pytest.mark.parametrize("case,row,script", TOOL_ROWS, ids=[c[0] for c in TOOL_ROWS])
+def test_prompt_with_tool_turns_keeps_its_script(case, row, script, tmp_path):
     path = tmp_path / "f.jsonl"
     path.write_text(json.dumps(row) + "\n")
     read = read_prompts(path, fields=FIELDS, sampling={}, chat_template_kwargs={})
-    (err,) = read.rejected
-    assert read.prompts == [] and err.reason == "tool_calls_unsupported"
-    assert str(err).startswith(f"{path}:1: ") and detail in str(err)
-    # eval measures the first user turn only, before any tool turn: it reads the row
+    (p,) = read.prompts
+    assert read.rejected == [] and [m and m["role"] for m in p.script] == script
+    assert (p.kept_turns, p.slots) == (1, script.count(None))
+    # eval measures the first user turn only, before any tool turn
     assert _prompt(row)[1][0] in ("Add 2 and 2.", "Add.")
 
 

@@ -187,6 +187,11 @@ BAD = [
 ]
 
 
+# generate answers the tool-calling row (its call and result kept, the answer after them
+# regenerated); prepare still rejects its call turn, which SmolLM2's template does not render
+TOOL_ROW = "b_tool"
+
+
 def _bad_file(tmp_path):
     lines = [GOOD[0]] + [line for _, line, _, _ in BAD] + GOOD[1:]
     return write_lines(tmp_path / "mixed.jsonl", lines)
@@ -198,18 +203,21 @@ def test_generate_counts_each_bad_row_and_answers_the_good_ones(tmp_path, cli, s
     res = _generate(cli, server, tmp_path / "run", path)
     assert res.code == 0, res.err
     samples = _lines(tmp_path / "run/generate/samples.jsonl")
-    assert sorted(s["id"] for s in samples) == [g["id"] for g in GOOD]
+    assert sorted(s["id"] for s in samples) == sorted([g["id"] for g in GOOD] + [TOOL_ROW])
     rejects = {r["id"]: r for r in _lines(tmp_path / "run/generate/rejects.jsonl")}
     for line, (case, row, reason, detail) in enumerate(BAD, 2):
         rid = json.loads(row)["id"] if isinstance(row, str) else row["id"]
+        if rid == TOOL_ROW:
+            continue
         r = rejects.pop(rid)
         assert (r["reason"], r["source"]) == (reason, f"{path}:{line}"), case
         assert detail in r["detail"], (case, r["detail"])
     assert rejects == {}
-    # no bad row reached the server
-    assert len(server.chat_bodies) - before == len(GOOD)
+    # no bad row reached the server (the tool row's one regenerated answer did)
+    assert len(server.chat_bodies) - before == len(GOOD) + 1
     man = json.loads((tmp_path / "run/generate/manifest.json").read_text())
-    assert man["counts"]["rejected"] == {reason: 1 for *_, reason, _ in BAD}
+    assert man["counts"]["rejected"] == {reason: 1 for _, row, reason, _ in BAD
+                                         if not (isinstance(row, dict) and row["id"] == TOOL_ROW)}
     assert man["counts"]["rows_in"] == len(GOOD) + len(BAD)
 
 
@@ -290,4 +298,5 @@ def test_resume_does_not_count_bad_rows_twice(tmp_path, cli, server):
     assert (tmp_path / "run/generate/rejects.jsonl").read_text() == rejects
     assert len(server.chat_bodies) == before  # every good row was done
     man = json.loads((tmp_path / "run/generate/manifest.json").read_text())
-    assert man["counts"]["rejected"] == {reason: 1 for *_, reason, _ in BAD}
+    assert man["counts"]["rejected"] == {reason: 1 for _, row, reason, _ in BAD
+                                         if not (isinstance(row, dict) and row["id"] == TOOL_ROW)}

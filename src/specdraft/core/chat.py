@@ -17,6 +17,7 @@ do for chat requests (the template writes BOS itself when the model wants one).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,18 +231,59 @@ def content_text(content: Any) -> str | None:
 
 def message_for_template(message: dict[str, Any]) -> dict[str, Any]:
     """A message as templates expect it: reasoning under every field name, None content as
-    ``""`` (string concatenation in templates fails on None)."""
+    ``""`` (string concatenation in templates fails on None), tool calls with their arguments
+    as objects (:func:`template_tool_calls`)."""
     out = with_reasoning_fields(message, message_reasoning(message))
     if out.get("content") is None:
         out["content"] = ""
+    if out.get("role") == "assistant" and isinstance(out.get("tool_calls"), list):
+        calls = template_tool_calls(out["tool_calls"])
+        if calls:
+            out["tool_calls"] = calls
+        else:
+            out.pop("tool_calls")
     return out
 
 
+def template_tool_calls(calls: list[Any]) -> list[Any]:
+    """An assistant message's ``tool_calls`` as a server hands them to the chat template: each
+    ``function.arguments`` JSON string parsed to an object (``{}`` when empty, not JSON or not an
+    object), as vLLM does before rendering (``vllm/renderers/chat_utils.py``,
+    ``_postprocess_messages``; transformers' chat-template docs ask for objects), so a template's
+    ``arguments | tojson`` renders the same text here and on the server. Entries that are not
+    function calls are passed through unchanged (the template decides)."""
+    import json
+
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            out.append(call)
+            continue
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                args = {}
+        out.append({**call, "function": {**fn, "arguments": args
+                                         if isinstance(args, dict) else {}}})
+    return out
+
+
+#: Fields of a history message that carry tool calling, sent to the server as they are
+#: (``tool_calls`` of an assistant turn, ``tool_call_id``/``name`` of a tool result, the legacy
+#: ``function_call``).
+REQUEST_TOOL_FIELDS = ("tool_calls", "tool_call_id", "name", "function_call")
+
+
 def message_for_request(message: dict[str, Any]) -> dict[str, Any]:
-    """A history message as sent to an OpenAI-compatible server: ``role``, ``content`` and, for an
-    assistant turn with reasoning, that reasoning under :data:`SERVER_REASONING_FIELDS`, so the
-    server's template renders the history exactly as :func:`message_for_template` does here."""
+    """A history message as sent to an OpenAI-compatible server: ``role``, ``content``, its tool
+    fields (:data:`REQUEST_TOOL_FIELDS`) and, for an assistant turn with reasoning, that reasoning
+    under :data:`SERVER_REASONING_FIELDS`, so the server's template renders the history exactly as
+    :func:`message_for_template` does here."""
     out = {"role": message["role"], "content": message.get("content") or ""}
+    out.update({k: message[k] for k in REQUEST_TOOL_FIELDS if message.get(k) not in (None, [])})
     reasoning = message_reasoning(message) if message["role"] == "assistant" else ""
     if reasoning:
         out.update({name: reasoning for name in SERVER_REASONING_FIELDS})

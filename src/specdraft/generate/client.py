@@ -33,10 +33,11 @@ class TurnOutput:
     """One generated assistant turn, backend-neutral.
 
     ``message`` is the raw assistant message (``content`` and maybe ``reasoning`` /
-    ``reasoning_content``); ``completion_token_ids`` / ``prompt_token_ids`` are the exact ids
-    when the backend returned them (vLLM ``return_token_ids``: ``choices[0].token_ids`` and the
-    top-level ``prompt_token_ids``), else None. ``latency_s`` is wall seconds of the successful
-    attempt; ``attempts`` counts tries (1 = no retry).
+    ``reasoning_content`` and ``tool_calls``, as the server parsed them);
+    ``completion_token_ids`` / ``prompt_token_ids`` are the exact ids when the backend returned
+    them (vLLM ``return_token_ids``: ``choices[0].token_ids`` and the top-level
+    ``prompt_token_ids``), else None. ``latency_s`` is wall seconds of the successful attempt;
+    ``attempts`` counts tries (1 = no retry).
     """
 
     message: dict[str, Any]
@@ -113,6 +114,12 @@ def parse_response(resp: httpx.Response) -> tuple[dict[str, Any], dict[str, Any]
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
             or not isinstance(choices[0].get("message"), dict):
         raise RetryableError("malformed", f"no choices[0].message in {str(body)[:200]!r}")
+    calls = choices[0]["message"].get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict)
+            and isinstance(c["function"].get("name"), str) for c in calls)):
+        raise RetryableError("malformed", f"message.tool_calls is not a list of function calls: "
+                                          f"{str(calls)[:200]!r}")
     return body, choices[0]
 
 
@@ -220,12 +227,16 @@ class OpenAIBackend:
             self._clients.put_nowait(client)
         return None
 
-    async def count_prompt_tokens(self, messages: list[dict[str, Any]]) -> int | None:
-        """Tokens of ``messages`` rendered with the server's chat template and its generation
-        prompt, from the server's ``POST /tokenize`` (vLLM's and SGLang's tokenizer route at
-        the server root: ``{"model", "messages", "add_generation_prompt"}`` -> ``{"count"}``);
-        None when the server has no such route or does not answer it (nothing is generated)."""
+    async def count_prompt_tokens(self, messages: list[dict[str, Any]], *,
+                                  tools: list | None = None) -> int | None:
+        """Tokens of ``messages`` (and ``tools``) rendered with the server's chat template and
+        its generation prompt, from the server's ``POST /tokenize`` (vLLM's and SGLang's
+        tokenizer route at the server root: ``{"model", "messages", "add_generation_prompt"}``
+        -> ``{"count"}``); None when the server has no such route or does not answer it
+        (nothing is generated)."""
         body = {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        if tools:
+            body["tools"] = tools
         if isinstance(self.body_defaults.get("chat_template_kwargs"), dict):
             body["chat_template_kwargs"] = self.body_defaults["chat_template_kwargs"]
         client = await self._acquire()
@@ -264,12 +275,16 @@ class OpenAIBackend:
         cool = backoff_s(self._fails[url] - 1, *self.backoff, self._rng)
         self._down_until[url] = time.monotonic() + cool
 
-    async def complete(self, messages: list[dict[str, Any]]) -> TurnOutput:
+    async def complete(self, messages: list[dict[str, Any]],
+                       fields: dict[str, Any] | None = None) -> TurnOutput:
         """One chat completion for ``messages``, retried as described in the module docstring.
 
-        Raises :class:`RequestFailed` (kind and last error) when every attempt failed.
+        ``fields``: this conversation's own request fields (``tools``, ``tool_choice``), sent
+        before :attr:`body_defaults` (so ``--extra-body`` still wins). Raises
+        :class:`RequestFailed` (kind and last error) when every attempt failed.
         """
-        body = {"model": self.model, "messages": messages, **self.body_defaults}
+        body = {"model": self.model, "messages": messages, **(fields or {}),
+                **self.body_defaults}
         payload = json.dumps(body, ensure_ascii=False).encode()
         url = None
         for attempt in range(self.max_retries + 1):

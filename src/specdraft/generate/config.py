@@ -21,8 +21,9 @@ class GenerateConfig(StageConfig):
 
     prompts: str = Field(description="Prompt file (.jsonl, .jsonl.gz, .jsonl.zst, .json, "
                          ".parquet) or save_to_disk dir, rows of any shape of --field: the "
-                         "system and user turns are kept, answers regenerated, rows with tool "
-                         "calls rejected (tool_calls_unsupported); or builtin:NAME.")
+                         "system and user turns are kept, answers regenerated; with tool "
+                         "calling, tools sent and the data's tool calls that a result follows "
+                         "kept (docs/stages.md); or builtin:NAME.")
     run_dir: str = Field(description="Run directory; writes RUN/generate/.")
     backend: Literal["openai", "local"] = Field(
         "local", description="local: the verifier in-process; openai: OpenAI-compatible "

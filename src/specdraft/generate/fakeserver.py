@@ -35,15 +35,34 @@ def last_user(body: dict[str, Any]) -> str:
     return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
 
 
+def tool_call_entries(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``[{"name", "arguments": {...}}]`` as vLLM's ``message.tool_calls`` (its tool parsers'
+    shape: an id, ``type: "function"``, ``arguments`` a JSON string with ``json.dumps``'
+    default separators and ``ensure_ascii=False``, as ``vllm/tool_parsers/hermes_tool_parser.py``
+    writes them)."""
+    return [{"id": f"chatcmpl-tool-{i}", "type": "function",
+             "function": {"name": c["name"],
+                          "arguments": json.dumps(c.get("arguments", {}), ensure_ascii=False)}}
+            for i, c in enumerate(calls)]
+
+
 def vllm_reply(body: dict[str, Any], *, content: str | None = None, reasoning: str | None = None,
-               finish_reason: str = "stop", token_ids: list[int] | None = None) -> Reply:
+               finish_reason: str = "stop", token_ids: list[int] | None = None,
+               tool_calls: list[dict[str, Any]] | None = None) -> Reply:
     """A vLLM-shaped chat completion (``message.reasoning``, ``choices[0].token_ids``,
-    top-level ``prompt_token_ids`` when the request had ``return_token_ids``)."""
+    top-level ``prompt_token_ids`` when the request had ``return_token_ids``). ``tool_calls``
+    (``[{"name", "arguments"}]``) makes it an answer that calls tools, as vLLM returns one with
+    a tool parser: ``message.tool_calls`` (:func:`tool_call_entries`), ``content`` None unless
+    given, ``finish_reason`` ``"tool_calls"``."""
     user = last_user(body)
-    content = f"Answer to: {user}" if content is None else content
-    ids = token_ids if token_ids is not None else list(range(1, len(content.split()) + 2))
+    if tool_calls:
+        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+    else:
+        content = f"Answer to: {user}" if content is None else content
+    ids = token_ids if token_ids is not None else list(range(1, len((content or "").split()) + 2))
+    calls = tool_call_entries(tool_calls) if tool_calls else []
     choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": content,
-                                                      "reasoning": reasoning, "tool_calls": []},
+                                                      "reasoning": reasoning, "tool_calls": calls},
                               "logprobs": None, "finish_reason": finish_reason,
                               "stop_reason": None}
     out: dict[str, Any] = {"id": "chatcmpl-loopback", "object": "chat.completion",

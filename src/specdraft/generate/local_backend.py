@@ -1,12 +1,13 @@
 """The ``local`` backend: batched ``transformers`` generation on the verifier, no server.
 
 Prompts are rendered with the run's :class:`~specdraft.core.chat.ChatFormat` (the template,
-``add_generation_prompt=True``, its ``chat_template_kwargs``, history reasoning handed to the
-template as prepare hands it), left-padded so every row's last prompt token sits at the same
-position,
-and decoded greedily when ``temperature == 0`` (else sampled with ``temperature``/``top_p``).
+``add_generation_prompt=True``, its ``chat_template_kwargs``, the conversation's ``tools``,
+history reasoning and tool calls handed to the template as prepare hands them), left-padded
+so every row's last prompt token sits at the same position, and decoded greedily when ``temperature == 0`` (else sampled with ``temperature``/``top_p``).
 The completion ids kept are those the model emitted up to and including its first stop token,
-exactly like vLLM's ``token_ids``.
+exactly like vLLM's ``token_ids``. There is no tool-call parser here: a call the verifier writes
+stays in ``content`` as the text it generated (its ids are kept verbatim, and the template
+renders that text back in later turns as it was generated).
 """
 
 from __future__ import annotations
@@ -67,11 +68,12 @@ class LocalBackend:
         return cls(model, tok, name=kwargs.pop("name", None) or Path(str(verifier)).name,
                    **kwargs)
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt text of ``messages`` with the generation prompt appended."""
+    def render(self, messages: list[dict[str, Any]], tools: list | None = None) -> str:
+        """The prompt text of ``messages`` (and ``tools``, for the template's tool listing) with
+        the generation prompt appended."""
         fmt = self.chat_format
         return fmt.renderer(self.tokenizer).render(
-            [message_for_template(m) for m in messages], tools=None, kwargs=fmt.kwargs,
+            [message_for_template(m) for m in messages], tools=tools, kwargs=fmt.kwargs,
             add_generation_prompt=True)
 
     @property
@@ -83,22 +85,26 @@ class LocalBackend:
         value = getattr(config, "max_position_embeddings", None)
         return value if isinstance(value, int) and value > 0 else None
 
-    def count_tokens(self, messages: list[dict[str, Any]]) -> int | None:
+    def count_tokens(self, messages: list[dict[str, Any]], *,
+                     tools: list | None = None) -> int | None:
         """Tokens of the prompt :meth:`generate` would feed for ``messages`` (None when the
         template cannot render them: :meth:`generate` then says why)."""
         from specdraft.core.chat import TemplateError
 
         try:
-            text = self.render(messages)
+            text = self.render(messages, tools)
         except TemplateError:
             return None
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def generate(self, conversations: list[list[dict[str, Any]]]) -> list[TurnOutput]:
-        """One assistant turn for each conversation, as a single left-padded batch."""
+    def generate(self, conversations: list[list[dict[str, Any]]],
+                 tools: list[list | None] | None = None) -> list[TurnOutput]:
+        """One assistant turn for each conversation, as a single left-padded batch; ``tools``:
+        each conversation's tool list (or None)."""
         import torch
 
-        texts = [self.render(c) for c in conversations]
+        tools = tools or [None] * len(conversations)
+        texts = [self.render(c, t) for c, t in zip(conversations, tools)]
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left",
                              add_special_tokens=False).to(self.model.device)
         t0 = time.perf_counter()

@@ -129,6 +129,11 @@ def format_summary(s: dict[str, Any]) -> str:
     """Human-readable lines for :meth:`Progress.summary`."""
     rej = ", ".join(f"{k}={v}" for k, v in s["rejected"].items()) or "none"
     unique = "?" if s["unique_tokens"] is None else s["unique_tokens"]
+    t = s.get("turns") or {}
+    tools = [f"tool calling: {t['samples_with_tools']} samples, {t['regenerated']} turns "
+             f"regenerated, {t['kept']} data tool calls kept, {t['tool_call_answers']} answers "
+             f"calling tools, {t['not_generated_after_tool_call']} turns not generated after "
+             f"a tool call"] if t.get("samples_with_tools") else []
     return "\n".join([
         f"generated: {s['generated']}   tokenized: {s['tokenized']} (ids from the backend)   "
         f"skipped: {sum(s['rejected'].values())} ({rej})   errors: {s['errors']}",
@@ -139,4 +144,4 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{s['completion_tokens_mean']} mean",
         f"elapsed: {s['elapsed_s']:.1f}s   {s['req_per_s']:.2f} req/s   "
         f"{s['tokens_per_s']:.1f} tokens/s",
-    ])
+    ] + tools)

@@ -114,6 +114,7 @@ class Sink:
         self.meta = {"chat_template_kwargs": config.chat_template_kwargs,
                      "sampling": config.sampling(), "backend": config.backend}
         self.buffer: list[dict[str, Any]] = []
+        self.turn_counts: Counter[str] = Counter()  # of the samples written (tool calling)
         self.pending = 0
         self.written = 0
         self._last = time.monotonic()
@@ -124,6 +125,7 @@ class Sink:
         reason = state.reject[0] if state.reject else None
         if reason is None:
             self.buffer.append(state.record(self.meta))
+            self.turn_counts.update(state.tool_counts())
         else:
             self.rejects.add(state.prompt.id, reason, state.reject[1], **state.reject_fields())
         self.pending += 1
@@ -282,9 +284,20 @@ def run(config: GenerateConfig, ctx: StageContext | None = None, *, verifier: An
         progress.close()
     summary = progress.summary()
     summary["rejected"] = dict(sorted(sink.rejects.counts.items()))  # with duplicate prompts
+    summary["turns"] = turn_summary(sink.turn_counts)
     _say(stream, format_summary(summary))
     return _finish(config, out, clock, prior, sink, counts, summary,
                    {**facts, "resume_changes": changes})
+
+
+def turn_summary(counts: Counter[str]) -> dict[str, int]:
+    """The turn counts of the samples written this run: ``regenerated`` (answered by the
+    verifier), ``kept`` (the data's tool calls kept because a result follows them),
+    ``tool_call_answers`` (regenerated answers that call tools), ``tool_results_kept``,
+    ``not_generated_after_tool_call`` and ``samples_with_tools`` (docs/stages.md)."""
+    keys = ("regenerated", "kept", "tool_call_answers", "tool_results_kept",
+            "not_generated_after_tool_call", "samples_with_tools")
+    return {k: int(counts[k]) for k in keys}
 
 
 def _finish(config: GenerateConfig, out: Path, clock: StageClock, prior: PriorState,
@@ -350,7 +363,8 @@ async def _run_openai(todo: list[Prompt], config: GenerateConfig, sink: Sink,
                 state = SampleState(prompt)
                 while not state.done:
                     try:
-                        state.add(await be.complete(state.request()), checks)
+                        state.add(await be.complete(state.request(), state.request_fields()),
+                                  checks)
                     except RequestFailed as err:
                         state.fail(err.kind, str(err), err.attempts)
                 sink.put(state)
@@ -372,13 +386,13 @@ async def _screen_served(todo: list[Prompt], config: GenerateConfig, be: Any,
         context, source = _verifier_context(config.verifier), "--verifier config"
     if context is None or not todo:
         return screen(todo, None, None)
-    first = await be.count_prompt_tokens(lower_bound_messages(todo[0]))
+    first = await be.count_prompt_tokens(lower_bound_messages(todo[0]), tools=todo[0].tools)
     if first is not None:
         sem = asyncio.Semaphore(config.concurrency)
 
         async def one(p: Prompt) -> int | None:
             async with sem:
-                return await be.count_prompt_tokens(lower_bound_messages(p))
+                return await be.count_prompt_tokens(lower_bound_messages(p), tools=p.tools)
 
         counts = dict(zip([p.id for p in todo[1:]],
                           await asyncio.gather(*(one(p) for p in todo[1:]))))
@@ -405,7 +419,7 @@ def _verifier_context(verifier: str) -> int | None:
 def _verifier_counter(config: GenerateConfig) -> Any:
     """``count(prompt)``: tokens of its lower-bound conversation rendered with the
     ``--verifier`` tokenizer's chat template (the server renders with the same one)."""
-    from specdraft.core.chat import ChatFormat, TemplateError
+    from specdraft.core.chat import ChatFormat, TemplateError, message_for_template
     from specdraft.core.verifier import load_tokenizer
 
     tok = load_tokenizer(config.verifier)
@@ -415,8 +429,8 @@ def _verifier_counter(config: GenerateConfig) -> Any:
 
     def count(p: Prompt) -> int | None:
         try:
-            text = renderer.render(lower_bound_messages(p), tools=None, kwargs=fmt.kwargs,
-                                   add_generation_prompt=True)
+            text = renderer.render([message_for_template(m) for m in lower_bound_messages(p)],
+                                   tools=p.tools, kwargs=fmt.kwargs, add_generation_prompt=True)
         except TemplateError:
             return None
         return len(renderer.encode(text))
@@ -487,7 +501,7 @@ def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
                                max_tokens=config.max_tokens, temperature=config.temperature,
                                top_p=config.top_p, seed=config.seed, chat_format=fmt)
     backend.chat_format.save(sink.out)
-    todo = screen(todo, lambda p: backend.count_tokens(lower_bound_messages(p)),
+    todo = screen(todo, lambda p: backend.count_tokens(lower_bound_messages(p), tools=p.tools),
                   backend.context, context_from="verifier max_position_embeddings",
                   counted_by="verifier tokenizer")
     checks = _checks(config)
@@ -496,11 +510,12 @@ def _run_local(todo: list[Prompt], config: GenerateConfig, sink: Sink,
         while active := [s for s in states if not s.done]:
             requests = [s.request() for s in active]
             for s, r in zip(active, requests):  # a later turn's history may outgrow the context
-                detail = too_long(backend.count_tokens(r), backend.context)
+                detail = too_long(backend.count_tokens(r, tools=s.prompt.tools), backend.context)
                 if detail:
                     s.reject = ("too_long", f"turn {len(s.turns)}: {detail}")
             go = [(s, r) for s, r in zip(active, requests) if not s.done]
-            outs = backend.generate([r for _, r in go]) if go else []
+            outs = backend.generate([r for _, r in go], tools=[s.prompt.tools for s, _ in go]) \
+                if go else []
             for (s, _), o in zip(go, outs):
                 s.add(o, checks)
         for s in states:

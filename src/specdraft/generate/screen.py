@@ -16,13 +16,21 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from specdraft.artifacts.prompts import Prompt
+from specdraft.core.chat import message_for_request
 
 
 def lower_bound_messages(prompt: Prompt) -> list[dict[str, Any]]:
-    """The conversation whose rendering is the shortest prompt of ``prompt``'s last turn."""
+    """The conversation whose rendering is the shortest prompt of ``prompt``'s last turn (a
+    tool-calling prompt: its script up to the last slot, earlier slots answered empty, the kept
+    tool calls and results as they are; its ``tools`` go with it)."""
     messages: list[dict[str, Any]] = []
     if prompt.system is not None:
         messages.append({"role": "system", "content": prompt.system})
+    if prompt.script is not None:
+        last = len(prompt.script) - 1 - prompt.script[::-1].index(None)
+        messages += [{"role": "assistant", "content": ""} if m is None
+                     else message_for_request(m) for m in prompt.script[:last]]
+        return messages
     for i, turn in enumerate(prompt.turns):
         if i:
             messages.append({"role": "assistant", "content": ""})

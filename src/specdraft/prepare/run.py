@@ -27,7 +27,8 @@ from specdraft.prepare.config import PrepareConfig
 from specdraft.prepare.records import (Sample, iter_records, iter_turns, record_id,
                                        split_inline_reasoning, to_sample)
 from specdraft.prepare.stats import Summary
-from specdraft.prepare.turns import Rules, Turn, TurnRejected, check_token_ids, encode_turn
+from specdraft.prepare.turns import (Rules, Turn, TurnRejected, check_token_ids,
+                                     encode_turn, tool_call_rendering_differs)
 from specdraft.prepare.writer import DatasetWriter
 from specdraft.artifacts import verifier_contract
 from specdraft.artifacts.prompts import REASONS as PROMPT_REASONS
@@ -107,6 +108,10 @@ class _Job:
         self.kwargs_seen: Counter[str] = Counter()
         self.ids_seen: set[str] = set()
         self.records_rejected = 0  # records rejected whole (their turns are not counted)
+        #: supervised tool-call turns, and those whose stored call renders other than the
+        #: server's ids (the first three named): manifest ``tool_calls``
+        self.tool_calls: Counter[str] = Counter(turns=0, rendered_differently=0)
+        self.tool_calls_first: list[dict[str, str]] = []
 
     def add_record(self, where: str, record: dict[str, Any]) -> None:
         """Encode every supervised turn of one record (rows or rejects)."""
@@ -146,9 +151,16 @@ class _Job:
                 raise TurnRejected("no_reasoning", "--require-reasoning and the turn has none")
             enc = encode_turn(self.renderer, turn, self.rules)
             _check_tool_calls(self.renderer, message, meta["message_index"], enc)
+            differs = tool_call_rendering_differs(self.renderer, turn, self.rules, enc)
         except TurnRejected as err:
             self.rejects.add(key, err.reason, err.detail)
             return
+        if message.get("tool_calls"):
+            self.tool_calls["turns"] += 1
+            if differs:
+                self.tool_calls["rendered_differently"] += 1
+                self.tool_calls_first.extend([{"id": key, "detail": differs}][:3 - len(
+                    self.tool_calls_first)])
         self.writer.add({"input_ids": enc.input_ids, "loss_mask": enc.loss_mask,
                          "sample_id": sample.id, "turn_index": turn_index,
                          "seq_len": len(enc.input_ids), "truncated": enc.truncated})
@@ -291,6 +303,10 @@ def _facts(config: PrepareConfig, renderer: Renderer, fmt: ChatFormat, vocab_siz
                       "class": type(tok).__name__, "size": len(tok)},
         "verifier_vocab_size": vocab_size,
         "chat_format": fmt.summary(),
+        "tool_calls": {**job.tool_calls, "first_rendered_differently": job.tool_calls_first,
+                       "rule": "supervised: the server's completion_token_ids (else the "
+                               "template's rendering); rendered_differently counts calls "
+                               "whose rendering is not those ids"},
         "chat_template_kwargs": [{"kwargs": json.loads(k), "samples": n}
                                  for k, n in sorted(job.kwargs_seen.items())],
         "encoding": {

@@ -25,7 +25,15 @@ exactly the prompt tokens it rendered. How a turn is encoded:
    fed) and the completion is tokenized on its own (see :func:`completion_ids`). The
    completion ends at the first stop token; template text after it (e.g. ``\\n``) is never
    generated, so it is dropped; it must be whitespace (else ``stop_token_in_content``).
-5. ``loss_mask`` is 0 on ``P``, 1 on the completion and the stop token. A turn cut by the
+5. A turn that calls tools (``tool_calls``) is rendered back through the template like any
+   answer (the calls' ``arguments`` as objects, as the server hands them to the template). When
+   the server returned its ``completion_token_ids``, those are the supervised tokens, as for any
+   answer, and :func:`tool_call_rendering_differs` compares the template's rendering of the
+   stored call with them: a difference (the model wrote its JSON with other spacing than the
+   template's ``tojson``, say) is counted, not rejected. The ids are what the model generated
+   after exactly the prompt the server reported, and a verifier's call is never the history of
+   a later turn (generate ends the sample there), so the row stays true.
+6. ``loss_mask`` is 0 on ``P``, 1 on the completion and the stop token. A turn cut by the
    server's ``max_tokens`` (``finish_reason == "length"``) has no stop token and is marked
    truncated; so is a completion cut at ``max_seq_len``.
 """
@@ -34,7 +42,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specdraft.core.chat import Renderer, TemplateError, message_for_template
@@ -114,6 +122,27 @@ def encode_turn(renderer: Renderer, turn: Turn, rules: Rules) -> Encoded:
         if split:
             scaffold = f"{scaffold}+prompt_boundary" if scaffold else "prompt_boundary"
     return _assemble(prompt_ids, completion, cut, scaffold, rules.max_seq_len)
+
+
+def tool_call_rendering_differs(renderer: Renderer, turn: Turn, rules: Rules,
+                                enc: Encoded) -> str | None:
+    """For a turn whose message calls tools and that carries the server's
+    ``completion_token_ids`` (``enc``, encoded from them): where the template's rendering of the
+    stored message (content, reasoning and ``tool_calls``) differs from those ids (the first
+    differing token and both texts), or None when it is exactly them. Turns without calls or
+    without server ids give None (without ids the rendering is the completion). Raises
+    :class:`TurnRejected` when the stored message cannot be rendered at all."""
+    message = turn.messages[turn.message_index]
+    if not message.get("tool_calls") or turn.completion_token_ids is None:
+        return None
+    rendered = encode_turn(renderer, replace(turn, completion_token_ids=None), rules)
+    got, want = rendered.input_ids[rendered.n_prompt:], enc.input_ids[enc.n_prompt:]
+    if got == want:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return (f"the template renders the stored tool call as {renderer.decode(got[at:])[:120]!r} "
+            f"where the server generated {renderer.decode(want[at:])[:120]!r} (token {at} of "
+            f"the completion)")
 
 
 def check_token_ids(ids: Any, what: str, vocab_size: int) -> list[int] | None:
