@@ -187,10 +187,12 @@ def run(config: EvalConfig, ctx: StageContext | None = None, *,
         for p in prompts:
             p["prompt_ids"] = render(tokenizer, p["messages"], fmt)
         eos = generation_stop_ids(verifier, tokenizer, fmt)
+        engine = resolve_engine(config)
+        if engine == "vllm":
+            refuse_unservable(config, verifier)
         results = offline_eval(config, verifier, prompts, eos)
         results["verifier_binding"] = binding
         results["chat_format"] = {"template_sha256": fmt.template_sha256, "kwargs": fmt.kwargs}
-        engine = resolve_engine(config)
         if engine != "none":
             results["engine"] = measure_engine(config, engine, prompts, out, results, verifier,
                                                eos)
@@ -267,6 +269,25 @@ def verifier_binding(config: EvalConfig, verifier: Any, tokenizer: Any) -> dict[
                               f"the drafter was trained on, or pass {flag} to go on anyway")
         binding["allowed_by_flag"] = True
     return {**binding, "probe": probe}
+
+
+def refuse_unservable(config: EvalConfig, verifier: Any) -> None:
+    """Before any decode: refuse a drafter/verifier combination vLLM cannot serve
+    (:data:`specdraft.engines.vllm_cpu.VLLM_REFUSALS`, the table ``specdraft run`` checks too),
+    naming it and the alternative. Raises :class:`ConfigError`."""
+    from specdraft import kinds
+    from specdraft.artifacts.drafter import read_drafter
+    from specdraft.core.errors import ConfigError
+    from specdraft.core.profile import resolve_profile
+    from specdraft.engines.vllm_cpu import combination, vllm_refusals
+
+    drafter = read_drafter(config.engine_drafter or drafter_dir(config))
+    layer = getattr(drafter.config, "draft_layer", None)
+    refusals = vllm_refusals(combination(kinds.of(drafter).name, layer,
+                                         resolve_profile(verifier.config, model=verifier)))
+    if refusals:
+        raise ConfigError(f"eval --engine {config.engine}: " + " ".join(refusals) +
+                          " (or --engine none)")
 
 
 def resolve_engine(config: EvalConfig) -> str:
