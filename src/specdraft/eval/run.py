@@ -51,10 +51,21 @@ def output_dir(config: EvalConfig) -> Path:
 
 
 def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
-    """The drafter (any on-disk format) on the verifier's device, float32 on CPU."""
+    """The drafter (any on-disk format) on the verifier's device, float32 on CPU. Raises
+    :class:`ConfigError` for aux ids outside ``[1, N-1]`` of the verifier
+    (:func:`specdraft.artifacts.rules.aux_id_problems`), :class:`InputError` for tensors its
+    config does not describe (:func:`specdraft.artifacts.rules.tensor_problems`)."""
     from specdraft.artifacts.drafter import build_model, read_drafter
 
+    from specdraft.artifacts.rules import aux_id_problems
+    from specdraft.core.errors import ConfigError
+
     d = read_drafter(drafter_dir(config))
+    vcfg = getattr(verifier.config, "text_config", None) or verifier.config
+    problems = aux_id_problems(d.config.aux_layer_ids, vcfg.num_hidden_layers,
+                               source=f"{d.path} aux ids")
+    if problems:  # the rule export and doctor apply (specdraft.artifacts.rules)
+        raise ConfigError("; ".join(problems))
     embed = verifier.get_input_embeddings().weight.detach()
     head = verifier.get_output_embeddings().weight.detach()
     dtype = torch.float32 if config.dtype in ("auto", "float32") else torch.bfloat16
