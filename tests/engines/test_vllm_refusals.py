@@ -110,3 +110,44 @@ def test_eval_refuses_before_any_decode(tmp_path, cpu_only):
     mla = Eagle3MLAConfig.from_profile(profile, draft_vocab_size=64, aux_layer_ids=(1, 2, 3))
     save_drafter(Eagle3MLADraftModel(mla), tmp_path / "mla")
     refuse_unservable(config.model_copy(update={"drafter": tmp_path / "mla"}), verifier)
+
+
+def test_tensor_parallel_size_reaches_the_worker_and_the_manifest(tmp_path):
+    """``eval --engine-tensor-parallel-size``: passed to the vLLM worker's job (with vLLM's mp
+    executor) and kept in the manifest's engine figures; size 1 leaves the job as it was."""
+    from specdraft.eval.engine import vllm_job
+    from specdraft.eval.run import engine_extract
+
+    common = dict(verifier_dir=tmp_path, drafter_dir=tmp_path, prompts=[[1, 2]], k=2,
+                  temperature=0.0, max_tokens=4, stop_ids=[0], dtype="bfloat16")
+    job = vllm_job(**common, tensor_parallel_size=4)
+    assert (job["tensor_parallel_size"], job["executor"]) == (4, "mp")
+    assert vllm_job(**common) == {k: v for k, v in job.items()
+                                  if k not in ("tensor_parallel_size", "executor")}
+    assert engine_extract({"name": "vllm", "tensor_parallel_size": 4})["tensor_parallel_size"] \
+        == 4
+
+
+def test_tensor_parallel_above_1_is_refused_on_the_cpu_build(tmp_path, cpu_only):
+    """On vLLM's CPU build (one worker process) a size above 1 is refused by the run's config
+    check and by eval before any decode, naming the flag."""
+    from transformers import AutoModelForCausalLM
+
+    from kimi_fixture import kimi_config
+    from specdraft.eval.config import EvalConfig
+    from specdraft.eval.run import refuse_unservable
+    from specdraft.pipeline.config import PipelineConfig
+
+    kimi = _kimi_dir(tmp_path)
+    cfg = _yaml(tmp_path / "tp.yaml", kimi, {"drafter_layer": "mla"})
+    data = yaml.safe_load(cfg.read_text())
+    data["eval"]["engine_tensor_parallel_size"] = 2
+    cfg.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"tp.yaml \[eval\]: --engine-tensor-parallel-size 2: "
+                                          r"vLLM's CPU build runs here in one worker process"):
+        PipelineConfig.from_yaml(cfg)
+    config = EvalConfig(drafter=tmp_path, out=tmp_path / "o", prompts="builtin:demo_eval",
+                        engine="vllm", engine_tensor_parallel_size=2)
+    verifier = AutoModelForCausalLM.from_config(kimi_config(1024)).eval()
+    with pytest.raises(ConfigError, match="needs a CUDA build of vLLM with 2 GPUs"):
+        refuse_unservable(config, verifier)

@@ -127,3 +127,15 @@ def combination(kind: str, layer: str | None, profile: object) -> Combination:
     latent = None if mla is None else mla.kv_lora_rank + mla.qk_rope_head_dim
     return Combination(kind, layer, str(getattr(profile, "model_type", "")), latent,
                        not torch.cuda.is_available())
+
+
+def tensor_parallel_refusal(size: int, *, cpu: bool) -> str | None:
+    """Why vLLM cannot run with ``tensor_parallel_size`` ``size`` here, or None: specdraft
+    runs vLLM's CPU build in one worker process (``enforce_eager``, the ``uni`` executor: one
+    device), so a size above 1 is refused there; on CUDA the engine shards over ``size`` GPUs
+    (the ``mp`` executor)."""
+    if size > 1 and cpu:
+        return (f"--engine-tensor-parallel-size {size}: vLLM's CPU build runs here in one worker "
+                f"process (one device); tensor parallelism needs a CUDA build of vLLM with "
+                f"{size} GPUs: use 1 on this machine")
+    return None

@@ -290,8 +290,12 @@ def refuse_unservable(config: EvalConfig, verifier: Any) -> None:
     from specdraft.artifacts.drafter import read_drafter
     from specdraft.core.errors import ConfigError
     from specdraft.core.profile import resolve_profile
-    from specdraft.engines.vllm_cpu import combination, vllm_refusals
+    from specdraft.engines.vllm_cpu import combination, tensor_parallel_refusal, vllm_refusals
 
+    tp = tensor_parallel_refusal(config.engine_tensor_parallel_size,
+                                 cpu=not torch.cuda.is_available())
+    if tp:
+        raise ConfigError(tp)
     drafter = read_drafter(config.engine_drafter or drafter_dir(config))
     layer = getattr(drafter.config, "draft_layer", None)
     refusals = vllm_refusals(combination(kinds.of(drafter).name, layer,
@@ -350,7 +354,8 @@ def engine_extract(engine: dict[str, Any] | None) -> dict[str, Any] | None:
     keep = ("name", "version", "k", "temperature", "acceptance_rule", "draft_sample_method",
             "sampled_agreement", "dtype", "tau",
             "acceptance_rate", "per_position", "verify_steps", "drafted", "accepted",
-            "tokens_per_s", "verifier_dir", "drafter_dir", "engine_fixes")
+            "tokens_per_s", "verifier_dir", "drafter_dir", "engine_fixes",
+            "tensor_parallel_size")
     out = {k: engine.get(k) for k in keep}
     agree = engine.get("agreement")
     if agree:

@@ -101,7 +101,17 @@ def _engine_can_serve(stages: dict[str, StageConfig], verifier: str, path: str |
     and the alternative. Checked when the run trains and evaluates with ``engine: vllm`` (or
     ``auto`` with a vLLM python here); eval checks the drafter it is given again."""
     train, ev = stages.get("train"), stages.get("eval")
-    if train is None or ev is None or ev.engine not in ("vllm", "auto"):
+    if ev is None or ev.engine not in ("vllm", "auto"):
+        return
+    import torch
+
+    from specdraft.engines.vllm_cpu import tensor_parallel_refusal
+
+    tp = tensor_parallel_refusal(ev.engine_tensor_parallel_size,
+                                 cpu=not torch.cuda.is_available())
+    if tp:
+        raise ConfigError(f"{path} [eval]: {tp}")
+    if train is None:
         return
     from specdraft.core.errors import SpecdraftError
     from specdraft.core.profile import load_hf_config, resolve_profile
