@@ -236,7 +236,8 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
               "acceptance_rule": acceptance_rule(config.temperature, method) if method else
               "unknown: the engine's config names no draft_sample_method",
               "engine_fixes": res.get("engine_fixes", []),
-              "tensor_parallel_size": config.engine_tensor_parallel_size, "dtype": dtype, "verifier_dir": str(vdir), "drafter_dir": str(ddir), **fig,
+              "tensor_parallel_size": config.engine_tensor_parallel_size, "dtype": dtype,
+              "verifier_dir": str(vdir), "drafter_dir": str(ddir), **fig,
               "new_tokens": n_new, "start_s": spec["start_s"], "generate_s": spec["generate_s"],
               "tokens_per_s": n_new / spec["generate_s"] if spec["generate_s"] else 0.0,
               "wall_s": round(time.perf_counter() - t0, 2),
