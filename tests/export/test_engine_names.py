@@ -182,3 +182,16 @@ def test_export_refuses_an_mla_drafter_with_a_full_rank_query(tmp_path):
     export(ExportConfig(drafter=tmp_path / "new", out=tmp_path / "ok", format="vllm",
                         verifier=str(tmp_path / "verifier"), aux_layers=(1, 2, 3)))
     assert (tmp_path / "ok" / "model.safetensors").exists()
+
+
+def test_a_full_draft_vocabulary_with_d2t_does_not_load():
+    """Draft vocab = the whole vocab: vLLM's drafter then has no draft_id_to_target_id
+    parameter (llama_eagle3.py / deepseek_eagle3.py) and its loader refuses the d2t tensor;
+    the read-back names it and the cause."""
+    c = Eagle3Config(**dict(BASE, draft_vocab_size=BASE["vocab_size"]))
+    names = sorted(export_tensors("vllm", Eagle3DraftModel(c).checkpoint_state(), None, "auto"))
+    problems = name_problems("vllm", build_config("vllm", c), names, table_mapper, "t")
+    assert len(problems) == 1 and problems[0].startswith(
+        "d2t: vLLM's loader (t) maps it to draft_id_to_target_id, which the "
+        "LlamaForCausalLMEagle3")
+    assert "the draft vocabulary is the whole vocabulary" in problems[0]

@@ -183,4 +183,9 @@ def _cause(arch: str, cfg: dict[str, Any], param: str) -> str:
                 "fused_qkv_a_proj unconditionally, and DeepseekV2MLAAttention has that "
                 "parameter only with a q_lora_rank: an MLA drafter with q_lora_rank null "
                 "cannot load; retrain it (train --drafter-layer mla gives it a low-rank query)")
+    if param == "draft_id_to_target_id":
+        return ("; cause: the draft vocabulary is the whole vocabulary (draft_vocab_size == "
+                "vocab_size), so vLLM's drafter has no draft_id_to_target_id and refuses a d2t "
+                "(llama_eagle3.py / deepseek_eagle3.py); build a reduced draft vocabulary "
+                "(vocab --draft-vocab-size below the verifier's)")
     return ""
