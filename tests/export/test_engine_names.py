@@ -61,15 +61,21 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def installed():
-    """The installed vLLM's mapper (one engine import for the module)."""
+def installed(tmp_path_factory):
+    """The installed vLLM's mapper: its worker run once for the module (no memo, an empty disk
+    cache), so the names below are mapped by vLLM's own code; the answer is cached on disk."""
     from stubs import vllm_python_or_skip
 
-    from specdraft.engines.vllm_names import installed_mapper
+    from specdraft.engines import vllm_names
 
-    mapper, source = installed_mapper(vllm_python_or_skip())
-    assert source.startswith("vLLM 0.32"), source
-    return mapper, source
+    cache = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(cache))
+        mp.setattr(vllm_names, "_MEMO", {})
+        mapper, source = vllm_names.installed_mapper(vllm_python_or_skip())
+        assert source.startswith("vLLM 0.32"), source
+        assert len(list((cache / "specdraft").glob("vllm-names-*.json"))) == 1
+        yield mapper, source
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

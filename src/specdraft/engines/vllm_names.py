@@ -151,8 +151,12 @@ def _answer(python: str, module_class: str, names: list[str]) -> dict[str, Any]:
     if cache is not None:
         from specdraft.core.atomic import atomic_write_json
 
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(cache, answer)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(cache, answer)
+        except OSError as err:  # a read-only home: asked again next process, said once here
+            print(f"warning: cannot cache vLLM's weight-name mapping at {cache} ({err})",
+                  file=sys.stderr)
     return _MEMO[(python, module_class)]
 
 
