@@ -10,6 +10,7 @@ from greedy import greedy_reference
 from specdraft.core.errors import ConfigError
 from specdraft.eval.specdec import EagleDrafter, VerifierSession, generate
 from specdraft.eval.shapes import TreeShape, check_engine_shape
+from specdraft.models.eagle3 import Eagle3DraftModel
 from specdraft.eval.tree import (TreeEagleDrafter, draft_tree, generate_tree, select_nodes,
                                  sglang_accept_length, top_indices)
 
@@ -36,6 +37,30 @@ def test_topk_1_equals_the_chain_eval(models):
         assert tree.tokens == chain.tokens
         assert steps(tree) == steps(chain)
         assert tree.stats.per_position_accepted() == chain.stats.per_position_accepted()
+
+
+def test_topk_1_drafts_what_the_chain_drafts_with_norm_output(models):
+    """EAGLE-3.1's norm_output: the next draft step reads norm(prenorm). The tree feeds its
+    lanes by the chain's one rule (Eagle3DraftModel.feedback), so at topk 1 its nodes are the
+    chain's drafts, depth by depth, on a random drafter whose final norm gain is randomised
+    (planted: the tree fed the raw state; its depth-2+ drafts differed and this failed)."""
+    from dataclasses import replace
+
+    _, drafter, _ = models
+    torch.manual_seed(5)
+    normed = Eagle3DraftModel(replace(drafter.config, norm_output=True)).eval()
+    with torch.no_grad():
+        normed.norm.weight.copy_(torch.rand(normed.norm.weight.shape) * 3)
+    g = torch.Generator().manual_seed(2)
+    for m in (3, 7, 12):
+        feats = torch.randn(m, 3 * 64, generator=g)
+        tokens = torch.randint(0, 16, (m,), generator=g)
+        chain, tree = EagleDrafter(normed), TreeEagleDrafter(normed)
+        chain.observe(0, feats, tokens)
+        tree.observe(0, feats, tokens)
+        drafts, _ = chain.propose(tokens, 5, 0.0, None)
+        nodes = draft_tree(tree, TreeShape(5, 1, 6))
+        assert nodes.tokens == drafts.tolist() and nodes.depth == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.parametrize("context", ["lane", "ancestors"])

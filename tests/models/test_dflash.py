@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -145,7 +146,8 @@ def test_export_round_trip(verifier, tmp_path):
     cfg = json.loads((tmp_path / "x" / "config.json").read_text())
     assert cfg["architectures"] == [ARCH] and cfg["model_type"] == "qwen3"
     assert cfg["dflash_config"] == {"mask_token_id": 7, "target_layer_ids": [0, 2],
-                                    "causal": False}
+                                    "causal": False, "sample_from_anchor": False}
+    assert cfg["block_size"] == K + 1
     assert "eagle_aux_hidden_state_layer_ids" not in cfg
     config, tensors = read_dflash(tmp_path / "x")
     assert dataclasses.replace(config, verifier_profile=None) == \
@@ -162,6 +164,8 @@ def test_export_round_trip(verifier, tmp_path):
     (lambda c: c["dflash_config"].update(use_swa=True), "dflash_config.use_swa=True"),
     (lambda c: c.update(is_neox_style=False), "is_neox_style=False"),
     (lambda c: c.update(layer_types=["sliding_attention", "full_attention"]), "layer_types="),
+    (lambda c: c["dflash_config"].update(sample_from_anchor=True),
+     "dflash_config.sample_from_anchor=True"),
 ])
 def test_read_refuses_what_specdraft_does_not_compute(verifier, tmp_path, edit, named):
     from specdraft.artifacts.dflash_export import export_dflash, read_dflash
@@ -177,6 +181,24 @@ def test_read_refuses_what_specdraft_does_not_compute(verifier, tmp_path, edit, 
     assert named in str(err.value)
 
 
+def test_a_config_without_block_size_is_refused_naming_file_and_field(verifier, tmp_path):
+    """vLLM does not read block_size, so nothing may stand in for it: a config without it is
+    refused on read (it was read as 2 and re-exported as 2), naming the file and the field; the
+    export writes it (and sample_from_anchor: false) explicitly, and false reads back."""
+    from specdraft.artifacts.dflash_export import export_dflash, read_dflash
+    from specdraft.core.errors import InputError
+
+    export_dflash(drafter(verifier), tmp_path / "x")
+    path = tmp_path / "x" / "config.json"
+    cfg = json.loads(path.read_text())
+    assert read_dflash(tmp_path / "x")[0].block_size == K + 1 == cfg["block_size"]
+    del cfg["block_size"]
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=r"x/config.json: missing key .block_size") as err:
+        read_dflash(tmp_path / "x")
+    assert "num_speculative_tokens + 1" in str(err.value)
+
+
 def test_export_refuses_a_non_finite_tensor(verifier, tmp_path):
     from specdraft.artifacts.dflash_export import DFlashExportRefused, export_dflash
 
@@ -189,11 +211,15 @@ def test_export_refuses_a_non_finite_tensor(verifier, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_drafter_reader_reads_a_dflash_export_and_doctor_names_it(verifier, tmp_path):
+def test_drafter_reader_reads_a_dflash_export_and_doctor_checks_it(verifier, tmp_path,
+                                                                   smollm2_tokenizer_dir):
     """eval / export read drafters with ``artifacts.drafter.read_drafter``: a DFlash export is
     read as vLLM reads it (format ``dflash``) and built with the verifier's tables into the
-    drafter that was exported (same blocks drafted); the doctor, whose checks are EAGLE-3's,
-    refuses it naming what checks a DFlash drafter instead."""
+    drafter that was exported (same blocks drafted); the doctor runs every check a DFlash
+    drafter takes (the draft-vocabulary and EAGLE-3 computation-field checks say NOT RUN), and a
+    planted short max_position_embeddings fails its check."""
+    import shutil
+
     from specdraft.artifacts.checks import check_drafter
     from specdraft.artifacts.dflash_export import export_dflash
     from specdraft.artifacts.drafter import build_model, read_drafter
@@ -211,8 +237,22 @@ def test_drafter_reader_reads_a_dflash_export_and_doctor_names_it(verifier, tmp_
                        verifier_head=verifier.get_output_embeddings().weight)
     feats = torch.randn(9, m.config.n_target * m.config.target_hidden_size)
     assert torch.equal(draft_block(back, feats, 17, 4), draft_block(m, feats, 17, 4))
-    with pytest.raises(InputError, match="a DFlash drafter; the doctor's checks are EAGLE-3's"):
-        check_drafter(tmp_path / "x", "unused", verifier=verifier)
+    verifier.save_pretrained(tmp_path / "v")
+    for f in Path(smollm2_tokenizer_dir).iterdir():
+        shutil.copy(f, tmp_path / "v" / f.name)
+    report = check_drafter(tmp_path / "x", str(tmp_path / "v"), verifier=verifier)
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert report["ok"] and report["format"] == "dflash", report["checks"]
+    assert [n for n, s in status.items() if s == "not run"][:2] == ["vocab",
+                                                                     "computation fields"]
+    assert status["tensors are the ones the config describes"] == "pass"
+    assert status["aux ids present, right convention per engine"] == "pass"
+    cfg = json.loads((tmp_path / "x" / "config.json").read_text())
+    cfg["max_position_embeddings"] = 64  # planted: shorter than the verifier's 256
+    (tmp_path / "x" / "config.json").write_text(json.dumps(cfg))
+    bad = check_drafter(tmp_path / "x", str(tmp_path / "v"), verifier=verifier)
+    failed = {c["name"]: c["detail"] for c in bad["checks"] if c["status"] == "fail"}
+    assert failed == {"max_position_embeddings >= the verifier's": "drafter 64, verifier 256"}
 
 
 def test_batched_offline_decode_equals_batch_1(verifier):

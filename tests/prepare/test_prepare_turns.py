@@ -119,6 +119,20 @@ def test_empty_think_block_scaffold(think_tokenizer, think_template):
         encode_turn(r, turn(msgs, kwargs=kw), rules_for(r))
 
 
+def test_a_templates_empty_think_block_before_an_answer_is_counted(renderer):
+    """The thinking template in its default mode renders an answer without reasoning as
+    "<think>\n\n</think>\n\n" + answer after a plain generation prompt: that block is
+    supervised as generated, so the row names it (scaffold empty_think_scaffold, counted in
+    the manifest's scaffolds); with reasoning the row has no scaffold."""
+    msgs = [SYSTEM, {"role": "user", "content": "Who are you?"},
+            {"role": "assistant", "content": "I am a model."}]
+    enc = encode_turn(renderer, turn(msgs), rules_for(renderer))
+    assert enc.scaffold == "empty_think_scaffold"
+    assert split(renderer, enc)[1] == "<think>\n\n</think>\n\nI am a model.<|im_end|>"
+    msgs[2] = dict(msgs[2], reasoning="Say who.")
+    assert encode_turn(renderer, turn(msgs), rules_for(renderer)).scaffold is None
+
+
 def test_think_opener_in_generation_prompt(think_tokenizer):
     # DeepSeek-R1 style: the generation prompt ends with "<think>\n"; turns drop reasoning
     r1 = ("{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + "

@@ -18,27 +18,33 @@ from typing import Any, Callable
 import torch
 
 from specdraft.core.chat import DEFAULT_THINK, ChatFormat
-from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
-from specdraft.core.errors import ConfigError
+from specdraft.core.conventions import vocab_map_problems
 from specdraft.core.manifest import ExtractManifest, PrepareManifest
 from specdraft.core.aux_ids import sglang_capture_hf_ids, vllm_capture_hf_ids
 from specdraft.artifacts.contract import check_contract
 from specdraft.artifacts.drafter import DrafterOnDisk
+from specdraft.artifacts.formats import FORMAT_SPECS
+from specdraft.artifacts.rules import aux_id_problems, tensor_problems
 from specdraft.models.eagle3 import COMPUTATION_FIELDS
 from specdraft.artifacts.layout import RunLayout
 
 
 @dataclass
 class Check:
-    """Outcome of one check; ``fix`` says what to do when it fails."""
+    """Outcome of one check; ``fix`` says what to do when it fails. ``ran`` False: the check
+    could not run (nothing to compare against): status ``not run``, never ``pass``; it does
+    not fail the doctor (``ok`` stays True) but is printed ``[NOT RUN]`` with its reason."""
 
     name: str
     ok: bool
     detail: str
     fix: str = ""
+    ran: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail, "fix": self.fix}
+        status = "not run" if not self.ran else "pass" if self.ok else "fail"
+        return {"name": self.name, "ok": self.ok, "status": status, "detail": self.detail,
+                "fix": self.fix}
 
 
 @dataclass
@@ -56,6 +62,7 @@ class Subject:
     chat_format: ChatFormat | None = None
     verifier_path: str | None = None
     run_identity: dict[str, Any] | None = None
+    skip: tuple[str, ...] = ()  # the checks the drafter's kind does not take (its doctor hook)
 
     @property
     def vcfg(self) -> Any:
@@ -74,21 +81,41 @@ def check_shapes(s: Subject) -> Check:
                         f"layer reads the verifier's embedding)")
     if c.vocab_size != v.vocab_size:
         problems.append(f"vocab_size {c.vocab_size} != verifier {v.vocab_size}")
-    fc = s.drafter.state.get("fc.weight")
-    if fc is not None and fc.shape[1] != c.n_aux * c.target_hidden_size:
-        problems.append(f"fc.weight input {fc.shape[1]} != {c.n_aux} aux x "
+    fc, n_aux = s.drafter.state.get("fc.weight"), len(c.aux_layer_ids)
+    if fc is not None and fc.shape[1] != n_aux * c.target_hidden_size:
+        problems.append(f"fc.weight input {fc.shape[1]} != {n_aux} aux x "
                         f"{c.target_hidden_size}")
     return Check("hidden size and vocab match", not problems,
                  "; ".join(problems) or f"hidden {c.hidden_size}, vocab {c.vocab_size}, fc "
-                 f"input {c.n_aux} x {c.target_hidden_size}",
+                 f"input {n_aux} x {c.target_hidden_size}",
                  "train the drafter on this verifier, or point --verifier at the model it was "
                  "trained for; then re-run `specdraft export`")
 
 
+def check_tensors(s: Subject) -> Check:
+    """The tensors are the ones the drafter's config describes, name and shape
+    (:func:`specdraft.artifacts.rules.tensor_problems`, the rule eval and export apply: e.g.
+    ``norm_before_fc`` and ``input_norm.weight`` together); the verifier tables the kind shares
+    may be absent."""
+    from specdraft import kinds
+
+    shared = kinds.of(s.drafter).hooks().shared_tables()
+    vocab = ("d2t", "t2d")  # named by check_vocab
+    problems = tensor_problems(s.drafter.config, s.drafter.state, shared=(*shared, *vocab))
+    return Check("tensors are the ones the config describes", not problems,
+                 "; ".join(problems) or f"{len(s.drafter.state)} tensors, names and shapes as "
+                 f"the config says",
+                 "re-export from the trained drafter (specdraft export writes the config and "
+                 "the tensors together)")
+
+
 def _engine_readings(d: DrafterOnDisk) -> dict[str, list[int] | None]:
-    """HF hidden_states each engine would capture for this drafter on disk."""
+    """HF hidden_states each engine would capture for this drafter on disk (a format outside
+    the EAGLE-3 table, DFlash's, is read back by its kind as its engine reads it)."""
     if d.raw_config is None:  # specdraft's own directory: our convention
         return {"specdraft": list(d.config.aux_layer_ids)}
+    if d.format not in FORMAT_SPECS:
+        return {d.format: list(d.config.aux_layer_ids)}
     raw = d.raw_config
     top = raw.get("eagle_aux_hidden_state_layer_ids")
     out = {"vllm": vllm_capture_hf_ids(top) if top else None}
@@ -112,10 +139,7 @@ def check_aux_ids(s: Subject) -> Check:
             problems.append(f"{engine}: no aux ids where it reads them")
         elif ids != want:
             problems.append(f"{engine} would capture hidden_states {ids}, trained on {want}")
-    try:
-        check_aux_layer_ids(want, n, source="aux ids")
-    except ConfigError as err:
-        problems.append(str(err))
+    problems += aux_id_problems(want, n, source="aux ids")  # the rule eval and export apply
     if s.drafter.format in ("sglang", "vllm") and len(want) != 3:
         problems.append(f"{len(want)} aux layers: vLLM/SGLang build fc for 3")
     return Check("aux ids present, right convention per engine", not problems,
@@ -210,7 +234,7 @@ def check_chat_template(s: Subject) -> Check:
     template the verifier's tokenizer has now: the engine will render with the tokenizer's."""
     if s.chat_format is None:
         return Check("chat template unchanged since prepare", True,
-                     "the run records no chat format: not applicable")
+                     "the run records no chat format: nothing to compare", ran=False)
     template = getattr(s.tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):
         template = template.get("default", "")
@@ -247,7 +271,8 @@ def check_teacher(s: Subject) -> Check:
     layout = RunLayout(s.run_dir) if s.run_dir is not None else None
     if layout is None or s.extract is None or not layout.vocab.exists() \
             or not (layout.extract / "index.jsonl").exists():
-        return Check(name, True, "no RUN/extract rows and RUN/vocab: not applicable")
+        return Check(name, True, "no RUN/extract rows and RUN/vocab: nothing to compare",
+                     ran=False)
     from specdraft.artifacts.hidden_states import DiskSource, load_verifier_head
     from specdraft.artifacts import teacher_check as tc
     from specdraft.artifacts.batches import Collator
@@ -273,7 +298,8 @@ def check_verifier_identity(s: Subject) -> Check:
     name = "verifier is the model the drafter was trained on"
     recorded = drafter_identity(s.drafter.path, s.drafter.config) or s.run_identity
     if s.verifier_path is None or recorded is None:
-        return Check(name, True, "no verifier identity recorded with the drafter: not checked")
+        return Check(name, True, "no verifier identity recorded with the drafter: nothing "
+                     "to compare", ran=False)
     c = compare(recorded, identify_like(recorded, s.verifier_path, tokenizer=s.tokenizer))
     return Check(name, c.kind != "other", c.line(),
                  f"point --verifier at the model the drafter was trained on "
@@ -290,11 +316,12 @@ def check_hidden_probe(s: Subject) -> Check:
     return Check("hidden states = the ones the drafter was trained on",
                  not report["ran"] or report["ok"], report["line"],
                  "serve the drafter with the exact verifier it was trained on (a rotated or "
-                 "re-trained checkpoint needs a drafter trained on its own hidden states)")
+                 "re-trained checkpoint needs a drafter trained on its own hidden states)",
+                 ran=report["ran"])
 
 
 CHECKS: list[Callable[[Subject], Check]] = [
-    check_shapes, check_aux_ids, check_vocab, check_embed, check_computation_fields,
+    check_shapes, check_tensors, check_aux_ids, check_vocab, check_embed, check_computation_fields,
     check_max_positions, check_chat_template, check_think_tokens, check_teacher,
     check_verifier_identity, check_hidden_probe]
 
@@ -316,8 +343,8 @@ def subject(target: str | Path, verifier_path: str, *, verifier: Any | None = No
     run = layout.root if layout.is_run() else None
     record = run_verifier(run)
     drafter = read_drafter(layout.drafter() if run else layout.root)
-    why = kinds.of(drafter).hooks().doctor(drafter)  # None: these checks are the kind's
-    if why is not None:
+    why = kinds.of(drafter).hooks().doctor(drafter)  # None: every check; a tuple: skip those
+    if isinstance(why, str):
         raise InputError(why)
     return Subject(
         drafter=drafter,
@@ -325,7 +352,17 @@ def subject(target: str | Path, verifier_path: str, *, verifier: Any | None = No
         tokenizer=load_tokenizer(verifier_path), run_dir=run,
         extract=load_stage_manifest(layout.extract) if run else None,
         prepare=load_stage_manifest(layout.prepare) if run else None,
-        chat_format=record.chat, verifier_path=verifier_path, run_identity=record.identity)
+        chat_format=record.chat, verifier_path=verifier_path, run_identity=record.identity,
+        skip=tuple(why or ()))
+
+
+def _not_of_kind(check: Callable[[Subject], Check], s: Subject) -> dict[str, Any]:
+    """A check the drafter's kind does not take (its doctor hook names it), reported NOT RUN."""
+    from specdraft import kinds
+
+    name = check.__name__.removeprefix("check_").replace("_", " ")
+    return Check(name, True, f"not a check of a {kinds.of(s.drafter).name} drafter",
+                 ran=False).to_dict()
 
 
 def check_drafter(target: str | Path, verifier_path: str, *, verifier: Any | None = None,
@@ -334,6 +371,7 @@ def check_drafter(target: str | Path, verifier_path: str, *, verifier: Any | Non
     ``{"drafter", "format", "ok", "checks": [{name, ok, detail, fix}]}``. Writes nothing; used
     by ``specdraft doctor`` and by eval to explain an engine gap."""
     s = subject(target, verifier_path, verifier=verifier, dtype=dtype)
-    checks = [c(s).to_dict() for c in CHECKS]
+    checks = [c(s).to_dict() if c.__name__ not in s.skip else _not_of_kind(c, s)
+              for c in CHECKS]
     return {"drafter": str(s.drafter.path), "format": s.drafter.format,
             "ok": all(c["ok"] for c in checks), "checks": checks}

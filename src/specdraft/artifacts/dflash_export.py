@@ -17,7 +17,11 @@ the EAGLE-3 format table of :mod:`specdraft.artifacts.formats`. What vLLM reads 
 - causality per layer (``_dflash_layer_causal``): a top-level ``is_causal``, else
   ``dflash_config.causal``, else sliding ``layer_types`` entries; written explicitly as
   ``dflash_config.causal`` with full-attention ``layer_types``;
-- not read: ``block_size`` (``num_speculative_tokens`` = block size - 1 must be passed);
+- ``dflash_config.sample_from_anchor`` (``v1/worker/gpu/spec_decode/dflash/speculator.py``,
+  default false, true refused by vLLM): written false explicitly, refused on read when true;
+- not read: ``block_size`` (``num_speculative_tokens`` = block size - 1 must be passed); written
+  explicitly, and a config without it is refused on read (never defaulted: it decides
+  specdraft's offline decode and the ``num_speculative_tokens`` the serve line passes).
 - weights without ``embed_tokens`` / ``lm_head``: vLLM then shares the verifier's.
 
 Keys that change the computation and that specdraft does not implement (sliding window, sink
@@ -54,7 +58,10 @@ _METADATA = {"architectures", "model_type", "torch_dtype", "dtype", "transformer
 _LAYER = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
           "intermediate_size", "num_hidden_layers", "rms_norm_eps", "max_position_embeddings",
           "vocab_size", "hidden_act")
-_DFLASH_KEYS = {"mask_token_id", "target_layer_ids", "causal", "use_aux_hidden_state"}
+_DFLASH_KEYS = {"mask_token_id", "target_layer_ids", "causal", "use_aux_hidden_state",
+                "sample_from_anchor"}
+#: ``dflash_config`` keys specdraft implements at one value only (vLLM's DFlash refuses the other)
+_DFLASH_FIXED = {"use_aux_hidden_state": True, "sample_from_anchor": False}
 
 
 def speculative_method(export_dir: str | Path) -> str:
@@ -83,7 +90,8 @@ def engine_config(c: DFlashConfig, dtype: torch.dtype) -> dict[str, Any]:
         "layer_types": ["full_attention"] * c.num_hidden_layers, "use_sliding_window": False,
         "target_hidden_size": c.target_hidden_size, "block_size": c.block_size,
         "dflash_config": {"mask_token_id": c.mask_token_id,
-                          "target_layer_ids": list(c.target_layer_ids), "causal": c.causal},
+                          "target_layer_ids": list(c.target_layer_ids), "causal": c.causal,
+                          "sample_from_anchor": False},
         "specdraft": {"target_num_layers": c.target_num_layers},
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
@@ -101,7 +109,7 @@ def foreign_keys(cfg: dict[str, Any]) -> list[str]:
                 "rope_parameters", "dflash_config"):
             bad.append(f"{key}={value!r} (unknown to specdraft: it may change the computation)")
     for key, value in (cfg.get("dflash_config") or {}).items():
-        if key not in _DFLASH_KEYS or (key == "use_aux_hidden_state" and value is not True):
+        if key not in _DFLASH_KEYS or (key in _DFLASH_FIXED and value is not _DFLASH_FIXED[key]):
             bad.append(f"dflash_config.{key}={value!r}")
     rope = cfg.get("rope_parameters") or {}
     if set(rope) - {"rope_type", "rope_theta"} or rope.get("rope_type", "default") != "default":
@@ -133,12 +141,15 @@ def config_from_engine(cfg: dict[str, Any], *, target_num_layers: int | None = N
     theta = rope.get("rope_theta", cfg.get("rope_theta"))
     if theta is None:
         raise KeyError("rope_parameters.rope_theta")  # vLLM would default to 1e6: never guessed
+    if cfg.get("block_size") is None:  # vLLM does not read it; specdraft never guesses it
+        raise KeyError("block_size (the drafter's block: num_speculative_tokens + 1; write it "
+                       "as trained)")
     return DFlashConfig(**{k: cfg[k] for k in _LAYER}, rope_theta=float(theta),
                         target_hidden_size=cfg.get("target_hidden_size") or cfg["hidden_size"],
                         target_num_layers=int(n),
                         target_layer_ids=tuple(inner["target_layer_ids"]),
                         mask_token_id=int(inner["mask_token_id"]),
-                        block_size=int(cfg.get("block_size") or 2), causal=causal)
+                        block_size=int(cfg["block_size"]), causal=causal)
 
 
 def expected_shapes(c: DFlashConfig) -> dict[str, tuple[int, ...]]:

@@ -151,11 +151,13 @@ def build_model(d: DrafterOnDisk, *, verifier_embed: torch.Tensor | None = None,
         if given[name] is None:
             raise InputError(f"{d.path}: no {name}; pass the verifier to share its table")
         state[name] = given[name]
+    from specdraft.artifacts.rules import tensor_problems
+
+    problems = tensor_problems(d.config, state)  # the rule export and doctor apply
+    if problems:
+        raise InputError(f"{d.path}: " + "; ".join(problems))
     model = home.model(d.config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.startswith("rotary.")]
-    if missing or unexpected:
-        raise InputError(f"{d.path}: missing tensors {missing}, unexpected {unexpected}")
+    model.load_state_dict(state, strict=False)  # every name and shape checked above
     return model.to(device=device, dtype=dtype).eval()
 
 

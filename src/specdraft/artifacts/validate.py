@@ -18,7 +18,10 @@ facts of the run:
   reason); ``tie_word_embeddings`` is false;
 - every computation field is written, each engine that loads the format computes the trained
   value from ``config.json``, and no engine ignores a field the drafter needs
-  (:func:`specdraft.artifacts.contract.check_contract`).
+  (:func:`specdraft.artifacts.contract.check_contract`);
+- every tensor name lands on a parameter of the class vLLM builds from ``config.json``, through
+  vLLM's own renaming, and every parameter is filled
+  (:func:`specdraft.artifacts.engine_names.name_problems`).
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from typing import Any
 
 import torch
 
-from specdraft.core.conventions import check_aux_layer_ids, vocab_map_problems
-from specdraft.core.errors import ConfigError, SpecdraftError
+from specdraft.core.conventions import vocab_map_problems
+from specdraft.core.errors import SpecdraftError
 from specdraft.artifacts.contract import check_contract
+from specdraft.artifacts.engine_names import Mapper, name_problems, table_mapper
+from specdraft.artifacts.rules import aux_id_problems, tensor_problems
 from specdraft.artifacts.formats import (ENGINE_ROPE_TYPES, FORMAT_SPECS, ROPE_REFUSALS,
                                       engine_rope_read, inverse)
 from specdraft.models.eagle3 import Eagle3Config
@@ -177,10 +182,7 @@ def check_aux_ids(fmt: str, cfg: dict[str, Any], c: Eagle3Config,
         problems.append(f"aux ids {list(c.aux_layer_ids)} differ from the ids used at extraction "
                         f"{list(extract_ids)} (RUN/extract/manifest.json aux_layer_ids)")
     if n_layers is not None:
-        try:
-            check_aux_layer_ids(list(c.aux_layer_ids), n_layers, source="drafter aux ids")
-        except ConfigError as err:
-            problems.append(str(err))
+        problems += aux_id_problems(c.aux_layer_ids, n_layers, source="drafter aux ids")
     return problems
 
 
@@ -241,8 +243,10 @@ def check_rotary(fmt: str, cfg: dict[str, Any], c: Eagle3Config) -> list[str]:
 def check_export(fmt: str, cfg: dict[str, Any], tensors: dict[str, torch.Tensor],
                  c: Eagle3Config, *, trained: dict[str, torch.Tensor],
                  verifier_embed: torch.Tensor | None, extract_ids: list[int] | None,
-                 n_layers: int | None) -> list[str]:
-    """Every problem of a candidate export (empty list = safe to write). See module doc."""
+                 n_layers: int | None, names: tuple[Mapper, str] | None = None) -> list[str]:
+    """Every problem of a candidate export (empty list = safe to write). See module doc.
+    ``names``: ``(mapper, source)`` of vLLM's weight-name renaming
+    (:func:`specdraft.engines.vllm_names.installed_mapper`); default specdraft's table."""
     own = c.layout_problems(fmt, cfg)  # a layer with a layout of its own (MLA: vLLM's)
     if own:
         return own
@@ -262,4 +266,10 @@ def check_export(fmt: str, cfg: dict[str, Any], tensors: dict[str, torch.Tensor]
     problems += vocab_map_problems(tensors.get("d2t"), t2d, c.draft_vocab_size, c.vocab_size)
     problems += check_aux_ids(fmt, cfg, c, extract_ids, n_layers)
     problems += check_provenance(fmt, tensors, trained, verifier_embed)
+    named = {p.split(" (")[0] for p in problems}  # the table above names a tensor once
+    problems += [p for p in tensor_problems(c, trained, shared=("embed_tokens.weight",))
+                 if p.split(" (")[0] not in named]
+    mapper, source = names or (table_mapper, "specdraft's table of vLLM 0.32")
+    missing = any(p.startswith("missing tensor") for p in problems)  # named once, above
+    problems += name_problems(fmt, cfg, list(tensors), mapper, source, unfilled=not missing)
     return list(dict.fromkeys(problems))

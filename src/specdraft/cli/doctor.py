@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 def _echo(report: DoctorReport, cfg: DoctorConfig) -> None:
     typer.echo(f"doctor: {report.drafter} ({report.format})")
     for c in report.checks:
-        typer.echo(f"  [{'PASS' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}")
+        status = {"pass": "PASS", "fail": "FAIL", "not run": "NOT RUN"}[
+            c.get("status", "pass" if c["ok"] else "fail")]
+        typer.echo(f"  [{status}] {c['name']}: {c['detail']}")
         if not c["ok"]:
             typer.echo(f"         fix: {c['fix']}")
     if not report.ok:

@@ -62,6 +62,9 @@ class EvalConfig(StageConfig):
     engine_tolerance: float = Field(0.05, ge=0.0, description="Largest offline - engine tau gap "
                                                               "at temperature 0.")
     engine_timeout_s: int = Field(3600, ge=1, description="Seconds the engine may run.")
+    engine_tensor_parallel_size: int = Field(
+        1, ge=1, description="vLLM's tensor_parallel_size: the GPUs --engine vllm shards the "
+                             "verifier over (CUDA only; recorded in the manifest).")
     allow_other_verifier: bool = Field(
         False, description="Evaluate even when --verifier is not the model the drafter was "
                            "trained on, or fails the hidden-state probe (recorded in "

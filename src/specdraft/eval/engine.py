@@ -51,15 +51,19 @@ class EngineDisagreement(SpecdraftError, RuntimeError):
 def vllm_job(*, verifier_dir: Path, drafter_dir: Path | None, prompts: Sequence[Sequence[int]],
              k: int, temperature: float, max_tokens: int, stop_ids: Sequence[int], dtype: str,
              seed: int = 0, extra_runs: Sequence[dict[str, Any]] = (),
-             draft_sample_method: str | None = None, method: str = "eagle3") -> dict[str, Any]:
+             draft_sample_method: str | None = None, method: str = "eagle3",
+             tensor_parallel_size: int = 1) -> dict[str, Any]:
     """The worker's job (format in :mod:`specdraft.eval.engine_worker`). One run ``spec`` with
     the drafter (none when ``drafter_dir`` is None), served as ``method`` (vLLM's speculative
     method: ``eagle3`` or ``dflash``), and ``draft_sample_method`` (None: vLLM's default), then
-    ``extra_runs`` in the same process (each may name its own ``method``)."""
+    ``extra_runs`` in the same process (each may name its own ``method``).
+    ``tensor_parallel_size``: vLLM's, over that many GPUs (its ``mp`` executor when > 1)."""
     longest = max((len(p) for p in prompts), default=0) + max_tokens + k + 8
     runs = [{"name": "spec", "drafter": str(drafter_dir) if drafter_dir else None, "k": k,
              "draft_sample_method": draft_sample_method, "method": method}, *extra_runs]
-    return {"verifier": str(verifier_dir), "dtype": dtype, "seed": seed,
+    tp = {} if tensor_parallel_size == 1 else {"tensor_parallel_size": tensor_parallel_size,
+                                              "executor": "mp"}
+    return {"verifier": str(verifier_dir), "dtype": dtype, "seed": seed, **tp,
             "max_model_len": max(256, longest), "prompts": [list(map(int, p)) for p in prompts],
             "max_tokens": max_tokens, "temperature": temperature,
             "stop_token_ids": [int(i) for i in stop_ids], "runs": runs}
@@ -246,7 +250,8 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
                    temperature=config.temperature, max_tokens=config.max_new_tokens,
                    stop_ids=stop_ids, dtype=dtype, seed=config.seed,
                    draft_sample_method=config.draft_sample_method,
-                   method=speculative_method(ddir))
+                   method=speculative_method(ddir),
+                   tensor_parallel_size=config.engine_tensor_parallel_size)
     t0 = time.perf_counter()
     print(f"eval: starting vLLM ({python}) with {ddir}", file=sys.stderr)
     beat = engine_heartbeat("the vLLM engine", out / "engine.log").start()
@@ -269,7 +274,8 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
               "unknown: the engine's config names no draft_sample_method",
               "engine_fixes": fixes, "engine_fixes_idle": [
                   f for f in res.get("engine_fixes", []) if f not in fixes],
-              "dtype": dtype, "verifier_dir": str(vdir), "drafter_dir": str(ddir), **fig,
+              "tensor_parallel_size": config.engine_tensor_parallel_size, "dtype": dtype,
+              "verifier_dir": str(vdir), "drafter_dir": str(ddir), **fig,
               "new_tokens": n_new, "start_s": spec["start_s"], "generate_s": spec["generate_s"],
               "tokens_per_s": n_new / spec["generate_s"] if spec["generate_s"] else 0.0,
               "wall_s": round(time.perf_counter() - t0, 2),

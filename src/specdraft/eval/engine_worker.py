@@ -13,6 +13,9 @@ Usage: ``python -m specdraft.eval.engine_worker JOB.json OUT.json``. The job (wr
      "prompts": [[ids...], ...], "max_tokens": 128, "temperature": 0.0, "stop_token_ids": [...],
      "runs": [{"name": "spec", "drafter": EXPORT_DIR or null, "k": 3}, ...]}
 
+with, for ``eval --engine-tensor-parallel-size N`` > 1, ``"tensor_parallel_size": N`` and
+``"executor": "mp"`` (vLLM's ``uni`` executor, the default, drives one device).
+
 A run may override ``temperature``, ``seed`` and ``max_num_seqs`` (1: the prompts one after
 another), turn the DFlash engine-bug fix off (``engine_fixes: false``:
 :func:`fix_cpu_grouped_rms_norm`), ask for ``record_drafts`` (every ``propose`` call's draft
@@ -120,6 +123,7 @@ def run_one(job: dict, run: dict) -> dict:
                    speculative_config=spec, seed=job.get("seed", 0),
                    max_model_len=job.get("max_model_len", 2048), disable_log_stats=False,
                    max_num_seqs=run.get("max_num_seqs", job.get("max_num_seqs", 256)),
+                   tensor_parallel_size=int(job.get("tensor_parallel_size", 1)),
                    distributed_executor_backend=job.get("executor", "uni"))
     start_s = time.perf_counter() - t0
     try:

@@ -52,10 +52,21 @@ def output_dir(config: EvalConfig) -> Path:
 
 
 def load_drafter_model(config: EvalConfig, verifier: Any) -> Any:
-    """The drafter (any on-disk format) on the verifier's device, float32 on CPU."""
+    """The drafter (any on-disk format) on the verifier's device, float32 on CPU. Raises
+    :class:`ConfigError` for aux ids outside ``[1, N-1]`` of the verifier
+    (:func:`specdraft.artifacts.rules.aux_id_problems`), :class:`InputError` for tensors its
+    config does not describe (:func:`specdraft.artifacts.rules.tensor_problems`)."""
     from specdraft.artifacts.drafter import build_model, read_drafter
 
+    from specdraft.artifacts.rules import aux_id_problems
+    from specdraft.core.errors import ConfigError
+
     d = read_drafter(drafter_dir(config))
+    vcfg = getattr(verifier.config, "text_config", None) or verifier.config
+    problems = aux_id_problems(d.config.aux_layer_ids, vcfg.num_hidden_layers,
+                               source=f"{d.path} aux ids")
+    if problems:  # the rule export and doctor apply (specdraft.artifacts.rules)
+        raise ConfigError("; ".join(problems))
     embed = verifier.get_input_embeddings().weight.detach()
     head = verifier.get_output_embeddings().weight.detach()
     dtype = torch.float32 if config.dtype in ("auto", "float32") else torch.bfloat16
@@ -223,10 +234,12 @@ def run(config: EvalConfig, ctx: StageContext | None = None, *,
         for p in prompts:
             p["prompt_ids"] = render(tokenizer, p["messages"], fmt)
         eos = generation_stop_ids(verifier, tokenizer, fmt)
+        engine = resolve_engine(config)
+        if engine == "vllm":
+            refuse_unservable(config, verifier)
         results = offline_eval(config, verifier, prompts, eos)
         results["verifier_binding"] = binding
         results["chat_format"] = {"template_sha256": fmt.template_sha256, "kwargs": fmt.kwargs}
-        engine = resolve_engine(config)
         if engine != "none":
             results["engine"] = measure_engine(config, engine, prompts, out, results, verifier,
                                                eos)
@@ -305,6 +318,29 @@ def verifier_binding(config: EvalConfig, verifier: Any, tokenizer: Any) -> dict[
     return {**binding, "probe": probe}
 
 
+def refuse_unservable(config: EvalConfig, verifier: Any) -> None:
+    """Before any decode: refuse a drafter/verifier combination vLLM cannot serve
+    (:data:`specdraft.engines.vllm_cpu.VLLM_REFUSALS`, the table ``specdraft run`` checks too),
+    naming it and the alternative. Raises :class:`ConfigError`."""
+    from specdraft import kinds
+    from specdraft.artifacts.drafter import read_drafter
+    from specdraft.core.errors import ConfigError
+    from specdraft.core.profile import resolve_profile
+    from specdraft.engines.vllm_cpu import combination, tensor_parallel_refusal, vllm_refusals
+
+    tp = tensor_parallel_refusal(config.engine_tensor_parallel_size,
+                                 cpu=not torch.cuda.is_available())
+    if tp:
+        raise ConfigError(tp)
+    drafter = read_drafter(config.engine_drafter or drafter_dir(config))
+    layer = getattr(drafter.config, "draft_layer", None)
+    refusals = vllm_refusals(combination(kinds.of(drafter).name, layer,
+                                         resolve_profile(verifier.config, model=verifier)))
+    if refusals:
+        raise ConfigError(f"eval --engine {config.engine}: " + " ".join(refusals) +
+                          " (or --engine none)")
+
+
 def resolve_engine(config: EvalConfig) -> str:
     """``config.engine``, with ``auto`` = ``vllm`` when a python with vLLM is found, else
     ``none`` (said on stderr)."""
@@ -354,7 +390,8 @@ def engine_extract(engine: dict[str, Any] | None) -> dict[str, Any] | None:
     keep = ("name", "version", "k", "temperature", "acceptance_rule", "draft_sample_method",
             "sampled_agreement", "dtype", "tau",
             "acceptance_rate", "per_position", "verify_steps", "drafted", "accepted",
-            "tokens_per_s", "verifier_dir", "drafter_dir", "engine_fixes")
+            "tokens_per_s", "verifier_dir", "drafter_dir", "engine_fixes",
+            "tensor_parallel_size")
     out = {k: engine.get(k) for k in keep}
     agree = engine.get("agreement")
     if agree:

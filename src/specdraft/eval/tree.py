@@ -189,7 +189,9 @@ class TreeEagleDrafter(EagleDrafter):
             idx = parent_lanes.to(self._lanes.k.device)
             self._lanes.k = torch.cat([self._lanes.k[:, :, :base], self._lanes.k[idx, :, base:]], 2)
             self._lanes.v = torch.cat([self._lanes.v[:, :, :base], self._lanes.v[idx, :, base:]], 2)
-        h = self._hidden[parent_lanes.to(self._hidden.device)]  # [K, 1, H] parent's output
+        # [K, 1, H] the parent's output as the next step reads it: the chain's one rule
+        # (Eagle3DraftModel.feedback: normed with EAGLE-3.1's norm_output, else as is)
+        h = self.model.feedback(self._hidden[parent_lanes.to(self._hidden.device)])
         dev = h.device
         pos = torch.full((K, 1), base + depth, device=dev)
         self._hidden = self.model.forward_cached(tokens.view(K, 1).to(dev), h, pos,

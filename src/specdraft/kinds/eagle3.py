@@ -26,6 +26,7 @@ from specdraft.artifacts.formats import build_config, drafter_config_from_export
 from specdraft.artifacts.validate import ExportRefused, check_export
 from specdraft.core.errors import InputError
 from specdraft.core.verifier_identity import drafter_identity
+from specdraft.engines.vllm_names import installed_mapper
 from specdraft.models import eagle3_mla as mla
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel, default_draft_layer
 
@@ -150,7 +151,8 @@ def mla_problems(c: Any, verifier: Any) -> list[str]:
                 f"(kv_lora_rank): serve an MLA drafter only on an MLA verifier; train "
                 f"--drafter-layer llama for this one"]
     pairs = [(f, getattr(c, f), getattr(m, f)) for f in
-             ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")]
+             ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+             if f != "q_lora_rank" or m.q_lora_rank is not None]  # else the drafter's own
     rope = verifier.rotary.rope_parameters()
     pairs.append(("rope", c.rope_parameters(), rope))
     return [f"the MLA drafter's {f} is {mine!r}, the verifier's {theirs!r}: it was shaped for "
@@ -197,7 +199,7 @@ def export_candidate(config: ExportRequest, src: Any, facts: dict[str, Any]) -> 
     problems += embed_problems(config, src.state, facts["embed"])
     problems += check_export(config.format, cfg, tensors, src.config, trained=src.state,
                              verifier_embed=facts["embed"], extract_ids=facts["extract_ids"],
-                             n_layers=facts["n_layers"])
+                             n_layers=facts["n_layers"], names=installed_mapper())
     if problems:
         raise ExportRefused(problems)
     aux = {"top_level": cfg.get("eagle_aux_hidden_state_layer_ids"),

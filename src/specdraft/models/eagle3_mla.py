@@ -86,7 +86,12 @@ class Eagle3MLAConfig(Eagle3Config):
     def from_profile(cls, profile: VerifierProfile, *, draft_vocab_size: int,
                      aux_layer_ids: tuple[int, ...], **overrides: Any) -> "Eagle3MLAConfig":
         """The Llama-layer shape of :meth:`Eagle3Config.from_profile` with the verifier's MLA
-        widths and heads. Raises :class:`ConfigError` for a verifier without MLA."""
+        widths and heads. The query is low-rank always: the verifier's ``q_lora_rank``, else
+        (a verifier with a full-rank query, ``q_lora_rank: null``) its ``kv_lora_rank``, because
+        vLLM 0.32 cannot load an MLA drafter without one (``deepseek_eagle3.py`` stacks
+        ``kv_a_proj_with_mqa`` into ``fused_qkv_a_proj``, a parameter ``DeepseekV2MLAAttention``
+        has only with a ``q_lora_rank``). Raises :class:`ConfigError` for a verifier without
+        MLA."""
         m = profile.mla
         if m is None:
             raise ConfigError(f"verifier {profile.model_type}: no kv_lora_rank, not an MLA "
@@ -95,7 +100,7 @@ class Eagle3MLAConfig(Eagle3Config):
                                          aux_layer_ids=aux_layer_ids).to_dict()
         base.update(head_dim=m.qk_nope_head_dim + m.qk_rope_head_dim,
                     num_key_value_heads=profile.num_attention_heads,
-                    kv_lora_rank=m.kv_lora_rank, q_lora_rank=m.q_lora_rank,
+                    kv_lora_rank=m.kv_lora_rank, q_lora_rank=m.q_lora_rank or m.kv_lora_rank,
                     qk_nope_head_dim=m.qk_nope_head_dim, qk_rope_head_dim=m.qk_rope_head_dim,
                     v_head_dim=m.v_head_dim, draft_layer="mla")
         base.update(overrides)

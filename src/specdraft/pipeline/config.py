@@ -90,7 +90,52 @@ class PipelineConfig:
             name for name in STAGE_NAMES if data.get(name) is not None}
         stages = {spec.name: _stage_config(spec, sections[spec.name], shared, path)
                   for spec in STAGES if spec.name in wanted}
+        _engine_can_serve(stages, shared["verifier"], path)
         return cls(stages=stages, source=str(path), **shared)
+
+
+def _engine_can_serve(stages: dict[str, StageConfig], verifier: str, path: str | Path) -> None:
+    """Refuse, before any stage runs, a run whose eval engine cannot serve the drafter train
+    will build on this verifier (:data:`specdraft.engines.vllm_cpu.VLLM_REFUSALS`: e.g. a
+    Llama-layer EAGLE-3 drafter on an MLA verifier in vLLM's CPU build), naming the combination
+    and the alternative. Checked when the run trains and evaluates with ``engine: vllm`` (or
+    ``auto`` with a vLLM python here); eval checks the drafter it is given again."""
+    train, ev = stages.get("train"), stages.get("eval")
+    if ev is None or ev.engine not in ("vllm", "auto"):
+        return
+    import torch
+
+    from specdraft.engines.vllm_cpu import tensor_parallel_refusal
+
+    tp = tensor_parallel_refusal(ev.engine_tensor_parallel_size,
+                                 cpu=not torch.cuda.is_available())
+    if tp:
+        raise ConfigError(f"{path} [eval]: {tp}")
+    if train is None:
+        return
+    from specdraft.core.errors import SpecdraftError
+    from specdraft.core.profile import load_hf_config, resolve_profile
+    from specdraft.engines.python import vllm_python
+    from specdraft.engines.vllm_cpu import combination, vllm_refusals
+    from specdraft.models.eagle3 import default_draft_layer
+
+    if ev.engine == "auto":
+        try:
+            vllm_python(ev.engine_python)
+        except ConfigError:
+            return  # auto without vLLM: offline only, said by eval
+    try:
+        profile = resolve_profile(load_hf_config(verifier))
+    except (SpecdraftError, OSError, ValueError):
+        return  # an unreadable verifier is named by the first stage that loads it
+    layer = (default_draft_layer(profile.model_type) if train.drafter_layer == "auto"
+             else train.drafter_layer)
+    refusals = vllm_refusals(combination(train.drafter, layer, profile))
+    if refusals:
+        auto = f" ({layer})" if layer != train.drafter_layer else ""
+        raise ConfigError(f"{path}: eval.engine {ev.engine} with train.drafter {train.drafter}, "
+                          f"train.drafter_layer {train.drafter_layer}{auto} and verifier "
+                          f"{verifier}: " + " ".join(refusals) + " (or set eval.engine: none)")
 
 
 def _one_chat_format(sections: dict[str, dict[str, Any]], chat: Any, path: str | Path) -> None:

@@ -81,7 +81,8 @@ class Encoded:
     """``input_ids`` [T] and ``loss_mask`` [T] (0/1) of one row, and how it was made.
 
     ``n_prompt``: length of the unsupervised prompt; ``scaffold``: how the completion was found
-    (``None``, ``"empty_think_block"``, ``"think_opener"``, ``"token_ids"``, with
+    (``None``, ``"empty_think_block"``, ``"think_opener"``, ``"empty_think_scaffold"``,
+    ``"token_ids"``, with
     ``"+prompt_boundary"`` / ``"prompt_boundary"`` when tokenized apart from the prompt).
     """
 
@@ -225,7 +226,7 @@ def completion_text(renderer: Renderer, history: list[dict[str, Any]], prompt: s
     message = message_for_template(turn.messages[turn.message_index])
     full = _render(renderer, history + [message], turn, generation=False)
     if full.startswith(prompt):
-        return full[len(prompt):], None
+        return full[len(prompt):], _template_think_block(full[len(prompt):], turn, rules)
     past = _render(renderer, history, turn, generation=False)
     if not (prompt.startswith(past) and full.startswith(past)):
         raise TurnRejected("template_mismatch", "the history renders differently with and "
@@ -233,6 +234,17 @@ def completion_text(renderer: Renderer, history: list[dict[str, Any]], prompt: s
     common = _lcp(prompt, full)
     scaffold, rest = prompt[common:], full[common:]
     return _scaffold_completion(scaffold, rest, turn, rules)
+
+
+def _template_think_block(rest: str, turn: Turn, rules: Rules) -> str | None:
+    """``"empty_think_scaffold"`` when the rendered turn of an answer without reasoning starts
+    with an empty think block right after the generation prompt (a thinking template in its
+    default mode writes ``<think>\n\n</think>\n\n`` itself): it is supervised as if the model
+    generated it, so it is counted in the manifest's scaffolds (None otherwise)."""
+    if rules.think is None or turn.reasoning.strip():
+        return None
+    opener, closer = (re.escape(t) for t in rules.think)
+    return "empty_think_scaffold" if re.match(rf"\s*{opener}\s*{closer}", rest) else None
 
 
 def _scaffold_completion(scaffold: str, rest: str, turn: Turn,
