@@ -385,6 +385,7 @@ class Comparison:
     recorded: str = ""  # describe_quantization of each side
     given: str = ""
     weights_checked: bool = True
+    requantized: bool = False  # the sides' quantization differs (the probe's loose tier)
 
     def line(self) -> str:
         """The one line the stages print."""
@@ -411,7 +412,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "differences": self.differences, "recorded": self.recorded,
                 "given": self.given, "weights_checked": self.weights_checked,
-                "line": self.line()}
+                "requantized": self.requantized, "line": self.line()}
 
 
 def _config_differences(a: dict[str, Any], b: dict[str, Any], limit: int = 8) -> list[str]:
@@ -451,6 +452,15 @@ def _group_order(g: str) -> tuple[int, int]:
 
 
 def compare(recorded: dict[str, Any] | None, given: dict[str, Any]) -> Comparison:
+    """:func:`_classify`, with ``requantized`` set when the two records' ``quantization``
+    differ (a packed quantization on either side: the hidden-state probe expects its noise)."""
+    c = _classify(recorded, given)
+    c.requantized = bool(recorded) and (recorded or {}).get("quantization") != \
+        given.get("quantization")
+    return c
+
+
+def _classify(recorded: dict[str, Any] | None, given: dict[str, Any]) -> Comparison:
     """Classify ``given`` against ``recorded`` (both :func:`identify` records; a fresh ``given``
     is made with the recorded scheme, :func:`identify_like`). Two records of different
     fingerprint schemes (a drafter recorded by an older specdraft against a newer run) compare

@@ -259,7 +259,7 @@ def verifier_binding(config: EvalConfig, verifier: Any, tokenizer: Any) -> dict[
                    flag=flag, tokenizer=tokenizer)
     if binding["refusal"]:
         raise ConfigError(binding["refusal"])
-    probe = probe_or_skip(verifier, config.run_dir)
+    probe = probe_or_skip(verifier, config.run_dir, quantized=binding.get("requantized", False))
     print(probe["line"], file=sys.stderr)
     if probe["ran"] and not probe["ok"]:
         if not config.allow_other_verifier:
