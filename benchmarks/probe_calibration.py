@@ -18,7 +18,11 @@ them with planted copies of it:
 
 For each: per captured layer the mean cosine and the relative error
 ``||stored - round(fresh)|| / ||stored||`` (fresh rounded through the same storage codec), the
-probe's statistic. Usage: ``python benchmarks/probe_calibration.py [--smollm2] [--rows 2]``.
+probe's statistic; and ``logp``: the statistic of ``eval --server``'s logprob check
+(:mod:`specdraft.eval.served`), the largest per-position mean ``|served - stored|`` over the
+copy's top-5 next-token log-probabilities, the stored teacher being ``log_softmax`` of the
+stored final state times the head. Usage:
+``python benchmarks/probe_calibration.py [--smollm2] [--rows 2]``.
 """
 
 from __future__ import annotations
@@ -87,6 +91,25 @@ def statistics(stored: list[torch.Tensor], fresh: list[torch.Tensor]) -> dict[st
     return {"cos": cos.tolist(), "rel": rel.tolist()}
 
 
+def logprob_diff(model: torch.nn.Module, copy_: torch.nn.Module, stored: list[torch.Tensor],
+                 rows: list[list[int]], k: int = 5) -> tuple[float, float, float]:
+    """Per position, the mean |copy's top-k log-probability - the stored teacher's| (nats):
+    its mean over the positions and its largest; and the share of positions whose top token
+    is the teacher's."""
+    head = model.get_output_embeddings().weight.detach().double()
+    diffs, agree = [], []
+    for st, r in zip(stored, rows):
+        teacher = torch.log_softmax(st[:, -1].double() @ head.T, dim=-1)  # [T, V]
+        with torch.no_grad():
+            logits = copy_(torch.tensor([r])).logits[0, :-1].double()  # positions 0..T-2
+        served = torch.log_softmax(logits, dim=-1)
+        top = served.topk(k, dim=-1)
+        diffs.append((top.values - teacher.gather(-1, top.indices)).abs().mean(-1))
+        agree.append((top.indices[:, 0] == teacher.argmax(-1)).double())
+    d = torch.cat(diffs)
+    return float(d.mean()), float(d.max()), float(torch.cat(agree).mean())
+
+
 def tiny(seed: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -132,7 +155,9 @@ def main() -> None:
         st = statistics(stored, states(m, rows, aux, args.storage))
         cos = " ".join(f"{c:.6f}" for c in st["cos"])
         rel = " ".join(f"{r:.2e}" for r in st["rel"])
-        print(f"{name:>14}: cos [{cos}]  rel [{rel}]")
+        mean, worst, top1 = logprob_diff(model, m, stored, rows)
+        print(f"{name:>14}: cos [{cos}]  rel [{rel}]  logp mean {mean:.3g} max {worst:.3g} "
+              f"top-1 {top1:.2f}")
 
 
 if __name__ == "__main__":
