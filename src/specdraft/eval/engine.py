@@ -220,7 +220,8 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
     print(f"eval: starting vLLM ({python}) with {ddir}", file=sys.stderr)
     res = run_worker(python, job, out, timeout_s=config.engine_timeout_s)
     for fix in res.get("engine_fixes", []):
-        print(f"eval: engine bug worked around: {fix}", file=sys.stderr)
+        said = "NOT worked around" if fix.startswith("OFF ") else "worked around"
+        print(f"eval: engine bug {said}: {fix}", file=sys.stderr)
     spec = res["runs"][0]
     fig = figures(spec["counters"])
     tokens = spec["tokens"]
