@@ -150,3 +150,44 @@ def test_a_version_1_record_is_compared_with_the_version_1_scheme(base):
     # a v1 record against a v2 one: everything but the weights, said
     c = compare(v1, identify(base))
     assert c.kind == "same" and not c.weights_checked and "weights not compared" in c.line()
+
+
+def test_extract_records_the_full_fingerprint_when_asked(base, tmp_path):
+    """``extract --verifier-fingerprint full`` records ``scheme: full`` (every byte read), which
+    the later checks compare like with like: rows changed outside every sampled window are
+    refused by name, while the default sampled record lets them through (its stated limit)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
+    from extract_helpers import random_rows, write_prepared
+
+    from specdraft.core.manifest import load_stage_manifest
+    from specdraft.core.verifier_identity import bind
+    from specdraft.extract.config import ExtractConfig
+    from specdraft.extract.run import run as extract
+
+    name = "model.embed_tokens.weight"
+    t = next(x for x in _safetensors_table(base) if x.name == name)
+    lo, hi = _outside_windows(t)
+
+    def edit(k, v):
+        if k == name:
+            v.view(-1)[lo // 4:hi // 4] += 0.5
+        return v
+
+    tuned = _edited(base, tmp_path / "rows", edit)
+    records = {}
+    for scheme in ("sampled", "full"):
+        run = tmp_path / scheme
+        write_prepared(run, *random_rows([12, 10], vocab=2000, seed=0))
+        extract(ExtractConfig(run_dir=run, verifier=str(base), aux_layers=(1, 2, 3),
+                              batch_tokens=128, verifier_fingerprint=scheme))
+        records[scheme] = load_stage_manifest(run / "extract").verifier_identity
+    full = records["full"]["weights"]
+    assert full["scheme"] == "full"
+    assert full["bytes_read"] == sum(x.nbytes for x in _safetensors_table(base))
+    assert records["sampled"]["weights"]["scheme"] == "sampled"
+    assert bind(records["sampled"], str(tuned), allow_other=False, flag="--x")["kind"] == "same"
+    b = bind(records["full"], str(tuned), allow_other=False, flag="--x")
+    assert b["kind"] == "other" and "full fingerprint of 39 tensors differs in other;" in \
+        b["refusal"]
