@@ -201,6 +201,17 @@ def test_extract_records_the_full_fingerprint_when_asked(base, tmp_path):
     b = bind(records["full"], str(tuned), allow_other=False, flag="--x")
     assert b["kind"] == "other" and "full fingerprint of 39 tensors differs in other;" in \
         b["refusal"]
+    # train carries extract's full record into the drafter, not the run's sampled contract
+    from types import SimpleNamespace
+
+    from specdraft.train.run import verifier_identity as trained_on
+
+    cfg = SimpleNamespace(run_dir=tmp_path / "full", verifier=str(base))
+    assert trained_on(cfg, load_stage_manifest(tmp_path / "full" / "extract")) == \
+        records["full"]
+    cfg = SimpleNamespace(run_dir=tmp_path / "sampled", verifier=str(base))
+    assert trained_on(cfg, load_stage_manifest(tmp_path / "sampled" / "extract"))[
+        "weights"]["scheme"] == "sampled"
 
 
 @pytest.mark.slow
