@@ -162,7 +162,7 @@ def fix_enabled(name: str) -> bool:
     """Whether the CPU-engine fix ``name`` (``EXPAND``: :func:`fix_cpu_expand`;
     ``GROUPED_RMS_NORM``: :func:`fix_cpu_grouped_rms_norm`) is on: every fix is, unless the
     environment sets ``SPECDRAFT_ENGINE_FIX_<name>=0`` (to measure what the unfixed engine
-    computes: docs/engines.md)."""
+    computes: docs/acceptance-as-served.md, docs/drafters.md)."""
     return os.environ.get(f"SPECDRAFT_ENGINE_FIX_{name}", "1").strip() != "0"
 
 
