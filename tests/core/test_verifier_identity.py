@@ -298,7 +298,7 @@ def test_export_refuses_another_verifier_and_carries_the_identity(world):
     assert prov["verifier_binding"]["kind"] == "other"
 
 
-def test_export_runs_the_probe(world):
+def test_export_runs_the_probe(world, monkeypatch):
     """export --verifier recomputes RUN/extract rows like eval: the true verifier passes (and
     the record says so), the rotated one let through by the flag is recorded as failing, and a
     drafter with no identity (made before identities) exported against the rotated verifier
@@ -332,6 +332,15 @@ def test_export_runs_the_probe(world):
         "ran": False, "line": "hidden-state probe: not run (no RUN/extract rows (export "
                               "--run-dir of the run that extracted them); only the recorded "
                               "identity was compared)"}
+    # a verifier that would not fit in half of the machine's memory in float32 is not loaded
+    import os
+
+    monkeypatch.setattr(os, "sysconf", lambda k: 4096 if k == "SC_PAGE_SIZE" else 100)
+    m = export(ExportConfig(run_dir=world["run"], **common, out=world["tmp"] / "p5",
+                            verifier=str(world["base"])))
+    probe = m["verifier_binding"]["probe"]
+    assert not probe["ran"] and "GiB of weights would be loaded in float32 on a machine of" in \
+        probe["line"]
 
 
 def test_doctor_fails_the_rotated_verifier_on_identity_and_probe(world):

@@ -227,22 +227,48 @@ def export_probe(config: ExportRequest, facts: dict[str, Any], *, quantized: boo
                  ) -> dict[str, Any]:
     """The hidden-state probe (:func:`specdraft.artifacts.hidden_states.probe_or_skip`) of
     ``--verifier`` on the run's ``RUN/extract`` rows, the same as eval and doctor run; its line
-    on stderr. Loads the verifier (float32 on CPU) only when the rows exist; without them the
-    record says "not run" and why."""
+    on stderr. Loads the verifier (float32 on CPU) only when the rows exist and it fits in half
+    of this machine's memory; otherwise the record says "not run" and why."""
     import sys
 
     from specdraft.artifacts.hidden_states import extract_rows_dir, probe_line, probe_or_skip
 
+    too_big = None if facts.get("verifier_model") is not None else _too_big(config.verifier)
     if extract_rows_dir(config.run_dir) is None:
         probe = {"ran": False, "line": probe_line(None, "no RUN/extract rows (export "
                                                         "--run-dir of the run that extracted "
                                                         "them); only the recorded identity "
                                                         "was compared")}
+    elif too_big:
+        probe = {"ran": False, "line": probe_line(None, too_big)}
     else:
         model = facts.get("verifier_model") or _load_verifier(config)
         probe = probe_or_skip(model, config.run_dir, quantized=quantized)
     print(f"export: {probe['line']}", file=sys.stderr)
     return probe
+
+
+def _too_big(verifier: str) -> str | None:
+    """Why export does not load ``verifier`` for the probe: its weights, in float32, would
+    take more than half of this machine's memory (a 1T-parameter checkpoint); None when it
+    fits or its size is unknown."""
+    import os
+
+    from specdraft.core.verifier import resolve_verifier
+
+    try:
+        directory, gguf_file = resolve_verifier(verifier)
+        files = [Path(directory) / gguf_file] if gguf_file else \
+            list(Path(directory).glob("*.safetensors"))
+        size = sum(f.stat().st_size for f in files)
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ConfigError, OSError, ValueError):
+        return None
+    if 2 * size <= memory // 2:  # bf16 on disk doubles in float32
+        return None
+    return (f"--verifier's {size / 2**30:.0f} GiB of weights would be loaded in float32 on a "
+            f"machine of {memory / 2**30:.0f} GiB; run eval --run-dir or doctor where it "
+            f"fits: they run the same probe")
 
 
 def _load_verifier(config: ExportRequest) -> Any:
