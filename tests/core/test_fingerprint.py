@@ -134,6 +134,16 @@ def test_a_packed_quantized_copy_is_a_variant_the_probe_must_vouch_for(base, tmp
     c = compare(identify(base), identify(q))
     assert c.kind == "variant" and not c.weights_checked
     assert "only the hidden-state probe vouches for it" in c.line()
+    # export and eval refuse it unless the flag accepts it (recorded as allowed_by_flag)
+    from specdraft.core.verifier_identity import bind
+
+    b = bind(identify(base), str(q), allow_other=False, flag="--allow-x")
+    assert b["refusal"].startswith(f"--verifier {q}: a quantized copy (gptq 4-bit, group 32) "
+                                   f"of the model the drafter was trained on (unquantized "
+                                   f"(float32)) whose weights specdraft cannot compare")
+    assert "Pass --allow-x to accept it" in b["refusal"]
+    b = bind(identify(base), str(q), allow_other=True, flag="--allow-x")
+    assert b["refusal"] is None and b["allowed_by_flag"] and b["kind"] == "variant"
 
 
 def test_layer_groups_of_hf_and_gguf_names():
@@ -150,3 +160,117 @@ def test_a_version_1_record_is_compared_with_the_version_1_scheme(base):
     # a v1 record against a v2 one: everything but the weights, said
     c = compare(v1, identify(base))
     assert c.kind == "same" and not c.weights_checked and "weights not compared" in c.line()
+
+
+def test_extract_records_the_full_fingerprint_when_asked(base, tmp_path):
+    """``extract --verifier-fingerprint full`` records ``scheme: full`` (every byte read), which
+    the later checks compare like with like: rows changed outside every sampled window are
+    refused by name, while the default sampled record lets them through (its stated limit)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
+    from extract_helpers import random_rows, write_prepared
+
+    from specdraft.core.manifest import load_stage_manifest
+    from specdraft.core.verifier_identity import bind
+    from specdraft.extract.config import ExtractConfig
+    from specdraft.extract.run import run as extract
+
+    name = "model.embed_tokens.weight"
+    t = next(x for x in _safetensors_table(base) if x.name == name)
+    lo, hi = _outside_windows(t)
+
+    def edit(k, v):
+        if k == name:
+            v.view(-1)[lo // 4:hi // 4] += 0.5
+        return v
+
+    tuned = _edited(base, tmp_path / "rows", edit)
+    records = {}
+    for scheme in ("sampled", "full"):
+        run = tmp_path / scheme
+        write_prepared(run, *random_rows([12, 10], vocab=2000, seed=0))
+        extract(ExtractConfig(run_dir=run, verifier=str(base), aux_layers=(1, 2, 3),
+                              batch_tokens=128, verifier_fingerprint=scheme))
+        records[scheme] = load_stage_manifest(run / "extract").verifier_identity
+    full = records["full"]["weights"]
+    assert full["scheme"] == "full"
+    assert full["bytes_read"] == sum(x.nbytes for x in _safetensors_table(base))
+    assert records["sampled"]["weights"]["scheme"] == "sampled"
+    assert bind(records["sampled"], str(tuned), allow_other=False, flag="--x")["kind"] == "same"
+    b = bind(records["full"], str(tuned), allow_other=False, flag="--x")
+    assert b["kind"] == "other" and "full fingerprint of 39 tensors differs in other;" in \
+        b["refusal"]
+    # train carries extract's full record into the drafter, not the run's sampled contract
+    from types import SimpleNamespace
+
+    from specdraft.train.run import verifier_identity as trained_on
+
+    cfg = SimpleNamespace(run_dir=tmp_path / "full", verifier=str(base))
+    assert trained_on(cfg, load_stage_manifest(tmp_path / "full" / "extract")) == \
+        records["full"]
+    cfg = SimpleNamespace(run_dir=tmp_path / "sampled", verifier=str(base))
+    assert trained_on(cfg, load_stage_manifest(tmp_path / "sampled" / "extract"))[
+        "weights"]["scheme"] == "sampled"
+
+
+@pytest.mark.slow
+def test_a_gguf_is_a_variant_only_when_its_dequantized_values_agree(tmp_path):
+    """The shipped SmolLM2 Q4_1 GGUF against its own HF conversion (the dequantized floats,
+    ``engines.verifier_dir.gguf_to_hf_dir``): a variant whose values were compared, both ways
+    (GGUF names mapped to HF's, llama.cpp's q/k row permutation undone, rows dequantized by
+    gguf-py). The conversion with its last layer's tensors x 1.5, or layer 29's q_proj replaced
+    by layer 28's, is another model, the layer named; so is the last layer x 1.01, by its
+    float norm gains; its 4-bit weights alone x 1.01 stay within their grid step (measured),
+    left to the probe."""
+    from safetensors.torch import load_file, save_file
+
+    from specdraft.core.verifier import resolve_verifier
+    from specdraft.core.verifier_identity import gguf_values
+    from specdraft.engines.verifier_dir import gguf_to_hf_dir
+
+    directory, name = resolve_verifier("smollm2")
+    hf = gguf_to_hf_dir(Path(directory) / name, tmp_path / "hf")
+    g, h = identify("smollm2"), identify(hf)
+    assert len(g["weights"]["values"]) == 272 == len(h["weights"]["values"])
+    kind, vals, tols = g["weights"]["values"]["model.layers.3.self_attn.q_proj.weight"]
+    assert kind == "Q4_1" and len(vals) == 4 and all(0 < t < 0.5 for t in tols)
+    for a, b in ((h, g), (g, h)):
+        c = compare(a, b)
+        assert c.kind == "variant" and c.weights_checked and c.requantized
+        assert "a GGUF's dequantized values within one step" in c.line()
+    state = load_file(str(hf / WEIGHTS))
+
+    def planted(dst, edit):
+        shutil.copytree(hf, dst)
+        save_file({k: edit(k, v) for k, v in state.items()}, str(dst / WEIGHTS),
+                  metadata={"format": "pt"})
+        return compare(g, identify(dst))
+
+    c = planted(tmp_path / "x15", lambda k, v: v * 1.5 if ".layers.29." in k else v)
+    assert c.kind == "other" and "values differ beyond the stored dtypes' rounding in " \
+        "layer 29 (" in c.differences[0]
+    q28 = state["model.layers.28.self_attn.q_proj.weight"]
+    c = planted(tmp_path / "swap", lambda k, v: q28.clone() if
+                k.endswith("29.self_attn.q_proj.weight") else v)
+    assert c.kind == "other" and "in layer 29 (" in c.differences[0]
+    # x 1.01: caught by the layer's float (F32 in the GGUF) norm gains, not by its 4-bit
+    # weights, whose 1 % moves stay within a grid step
+    c = planted(tmp_path / "x101", lambda k, v: v * 1.01 if ".layers.29." in k else v)
+    assert c.kind == "other" and "in layer 29 (" in c.differences[0]
+    assert planted(tmp_path / "x101p", lambda k, v: v * 1.01 if ".layers.29." in k and
+                   k.endswith("proj.weight") else v).kind == "variant"
+    # the permutation undone is what makes q/k comparable: without it they differ
+    import specdraft.core.verifier_identity as vi
+
+    from gguf import GGUFReader
+
+    original = vi._unpermuted_row
+    try:
+        vi._unpermuted_row = lambda reader, hf_name, row: row
+        raw = gguf_values(GGUFReader(str(Path(directory) / name)))
+    finally:
+        vi._unpermuted_row = original
+    moved = {"weights": {"values": raw}}
+    bad, comparable = vi.value_differences(h["weights"], moved["weights"])
+    assert comparable and len(bad) == 30  # every layer's q/k

@@ -137,3 +137,28 @@ def test_cli_exit_code(exported, tmp_path, six_layer_verifier_dir):
     bad = CliRunner().invoke(app, ["doctor", str(d), "--verifier", str(six_layer_verifier_dir)])
     assert bad.exit_code == 1 and "[FAIL] computation fields explicit and served" in bad.output
     assert "fix: re-run `specdraft export`" in bad.output
+
+
+def test_the_report_names_the_engine_fixes_of_the_runs_eval(exported, six_layer_verifier_dir):
+    """A run whose eval figures needed a CPU-engine fix: the doctor report lists it (and the CLI
+    prints it as a NOTE); without engine figures, nothing (issue #39, item 2)."""
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+
+    run_dir = exported.parents[1]
+    assert doctor(DoctorConfig(target=run_dir, verifier=str(six_layer_verifier_dir)))[
+        "engine_fixes"] == []
+    fix = "vLLM CPU build: the expand kernel ... replaced by an exact torch expand"
+    (run_dir / "eval").mkdir(exist_ok=True)
+    (run_dir / "eval" / "manifest.json").write_text(json.dumps(
+        {"stage": "eval", "engine": {"name": "vllm", "engine_fixes": [fix]}}))
+    try:
+        r = doctor(DoctorConfig(target=run_dir, verifier=str(six_layer_verifier_dir)))
+        assert r["engine_fixes"] == [fix]
+        out = CliRunner().invoke(app, ["doctor", str(run_dir), "--verifier",
+                                       str(six_layer_verifier_dir)]).output
+        assert f"[NOTE] the run's engine figures (RUN/eval) needed a fix to the CPU engine: " \
+               f"{fix}" in out
+    finally:
+        shutil.rmtree(run_dir / "eval")

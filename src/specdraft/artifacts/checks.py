@@ -311,8 +311,12 @@ def check_hidden_probe(s: Subject) -> Check:
     (:func:`specdraft.artifacts.hidden_states.probe_hidden_states`): catches a verifier whose
     hidden basis changed (QuaRot-style rotation) while its logits, and every check above, agree."""
     from specdraft.artifacts.hidden_states import probe_or_skip
+    from specdraft.core.verifier_identity import compare, drafter_identity, identify_like
 
-    report = probe_or_skip(s.verifier, s.run_dir)
+    recorded = drafter_identity(s.drafter.path, s.drafter.config) or s.run_identity
+    quantized = s.verifier_path is not None and recorded is not None and compare(
+        recorded, identify_like(recorded, s.verifier_path, tokenizer=s.tokenizer)).requantized
+    report = probe_or_skip(s.verifier, s.run_dir, quantized=quantized)
     return Check("hidden states = the ones the drafter was trained on",
                  not report["ran"] or report["ok"], report["line"],
                  "serve the drafter with the exact verifier it was trained on (a rotated or "

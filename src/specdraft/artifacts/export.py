@@ -151,6 +151,7 @@ def _verifier_facts(verifier: str, facts: dict[str, Any], trust_remote_code: boo
     model = (load_verifier(verifier, trust_remote_code=trust_remote_code)
              if facts["embed"] is None else None)
     if model is not None:
+        facts["verifier_model"] = model  # the hidden-state probe reuses it
         facts["embed"] = model.get_input_embeddings().weight.detach().cpu()
         hf = model.config
     else:
@@ -210,7 +211,71 @@ def identity_problems(config: ExportRequest, identity: dict[str, Any] | None,
                    flag="--allow-other-verifier", trust_remote_code=config.trust_remote_code)
     if binding["refusal"]:
         problems.append(binding["refusal"])
+        return problems, binding
+    binding["probe"] = export_probe(config, facts, quantized=binding.get("requantized", False))
+    if binding["probe"]["ran"] and not binding["probe"]["ok"]:
+        if config.allow_other_verifier:
+            binding["allowed_by_flag"] = True
+        else:
+            problems.append(f"--verifier {config.verifier}: {binding['probe']['line']}; use "
+                            f"the verifier the drafter was trained on, or pass "
+                            f"--allow-other-verifier to go on anyway")
     return problems, binding
+
+
+def export_probe(config: ExportRequest, facts: dict[str, Any], *, quantized: bool
+                 ) -> dict[str, Any]:
+    """The hidden-state probe (:func:`specdraft.artifacts.hidden_states.probe_or_skip`) of
+    ``--verifier`` on the run's ``RUN/extract`` rows, the same as eval and doctor run; its line
+    on stderr. Loads the verifier (float32 on CPU) only when the rows exist and it fits in half
+    of this machine's memory; otherwise the record says "not run" and why."""
+    import sys
+
+    from specdraft.artifacts.hidden_states import extract_rows_dir, probe_line, probe_or_skip
+
+    too_big = None if facts.get("verifier_model") is not None else _too_big(config.verifier)
+    if extract_rows_dir(config.run_dir) is None:
+        probe = {"ran": False, "line": probe_line(None, "no RUN/extract rows (export "
+                                                        "--run-dir of the run that extracted "
+                                                        "them); only the recorded identity "
+                                                        "was compared")}
+    elif too_big:
+        probe = {"ran": False, "line": probe_line(None, too_big)}
+    else:
+        model = facts.get("verifier_model") or _load_verifier(config)
+        probe = probe_or_skip(model, config.run_dir, quantized=quantized)
+    print(f"export: {probe['line']}", file=sys.stderr)
+    return probe
+
+
+def _too_big(verifier: str) -> str | None:
+    """Why export does not load ``verifier`` for the probe: its weights, in float32, would
+    take more than half of this machine's memory (a 1T-parameter checkpoint); None when it
+    fits or its size is unknown."""
+    import os
+
+    from specdraft.core.verifier import resolve_verifier
+
+    try:
+        directory, gguf_file = resolve_verifier(verifier)
+        files = [Path(directory) / gguf_file] if gguf_file else \
+            list(Path(directory).glob("*.safetensors"))
+        size = sum(f.stat().st_size for f in files)
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ConfigError, OSError, ValueError):
+        return None
+    if 2 * size <= memory // 2:  # bf16 on disk doubles in float32
+        return None
+    return (f"--verifier's {size / 2**30:.0f} GiB of weights would be loaded in float32 on a "
+            f"machine of {memory / 2**30:.0f} GiB; run eval --run-dir or doctor where it "
+            f"fits: they run the same probe")
+
+
+def _load_verifier(config: ExportRequest) -> Any:
+    from specdraft.core.verifier import load_verifier
+
+    return load_verifier(config.verifier, dtype="float32",
+                         trust_remote_code=config.trust_remote_code)
 
 
 def export_tensors(fmt: str, trained: dict[str, torch.Tensor], embed: torch.Tensor | None,

@@ -21,6 +21,9 @@ def _echo(report: DoctorReport, cfg: DoctorConfig) -> None:
         typer.echo(f"  [{status}] {c['name']}: {c['detail']}")
         if not c["ok"]:
             typer.echo(f"         fix: {c['fix']}")
+    for fix in report.engine_fixes:  # a patched engine is always said
+        typer.echo(f"  [NOTE] the run's engine figures (RUN/eval) needed a fix to the CPU "
+                   f"engine: {fix}")
     if not report.ok:
         raise typer.Exit(1)
 

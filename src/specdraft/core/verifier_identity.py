@@ -22,7 +22,10 @@ module records, cheaply enough for a 1T-parameter checkpoint (no weights loaded)
   the disk's read speed (docs/verifier-binding.md has both costs per GB, measured);
 - ``values``: for float tensors (F32/F16/BF16), :data:`VALUES_PER_TENSOR` element values at
   fixed strata of each tensor, so that a copy in another float dtype is accepted as a
-  ``variant`` only when its values agree within that dtype's rounding (:func:`compare`);
+  ``variant`` only when its values agree within that dtype's rounding (:func:`compare`); a
+  GGUF of llama's layout records the same values dequantized, under the HF names, each with
+  its block's grid step as tolerance (:func:`gguf_values`); a packed GPTQ/AWQ copy records
+  none, so its weights are not compared and :func:`bind` refuses it unless the flag accepts it;
 - ``tokenizer_sha256`` / ``chat_template_sha256``: the vocabulary, added tokens, special ids and
   the ids of a fixed probe text; the chat template string.
 
@@ -223,6 +226,8 @@ def weights_fingerprint(directory: Path, gguf: Any = None, *,
                 read += length
             if gguf is None and t.dtype in FLOAT_RTOL:
                 values[t.name] = [t.dtype, _values(fh, t)]
+        if gguf is not None:
+            values = gguf_values(gguf)
     finally:
         for fh in handles.values():
             fh.close()
@@ -252,6 +257,97 @@ def _values(fh: Any, t: _Tensor) -> list[float]:
             v = struct.unpack("<f", b"\x00\x00" + raw)[0]
         out.append(float(f"{v:.9g}"))
     return out
+
+
+# GGUF block types -> grid levels of a block (2^bits): a dequantized value lies within one grid
+# step, (max - min) / (levels - 1) of its 32-value block (or max|x| / (levels / 2) for the
+# symmetric types), of the float it was quantized from: half a step from rounding, doubled for
+# the k-quants' own 6/8-bit quantized scales and mins (ggml-quants.c's block layouts).
+GGUF_LEVELS = {"Q4_0": 16, "Q4_1": 16, "Q4_K": 16, "Q5_0": 32, "Q5_1": 32, "Q5_K": 32,
+               "Q6_K": 64, "Q8_0": 256, "Q8_1": 256, "Q8_K": 256, "Q2_K": 4, "Q3_K": 8}
+_HF_LLAMA_LAYER = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                   "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                   "input_layernorm", "post_attention_layernorm")
+
+
+def _gguf_hf_names(reader: Any) -> dict[str, str] | None:
+    """GGUF tensor name -> the HF (transformers Llama) name of the same tensor, by gguf-py's
+    own ``TensorNameMap``; None for an architecture other than ``llama`` (only its layout,
+    q/k rows permuted by llama.cpp's converter, is undone here)."""
+    import gguf as gg
+
+    arch = reader.get_field("general.architecture")
+    if arch is None or arch.contents() != "llama":
+        return None
+    n = int(reader.get_field("llama.block_count").contents())
+    names = ["model.embed_tokens", "model.norm", "lm_head"] + [
+        f"model.layers.{i}.{p}" for i in range(n) for p in _HF_LLAMA_LAYER]
+    table = gg.get_tensor_name_map(gg.MODEL_ARCH.LLAMA, n)
+    out = {}
+    for hf in names:
+        g = table.get_name(hf)
+        if g is not None:
+            out[g + ".weight"] = hf + ".weight"
+    return out
+
+
+def _unpermuted_row(reader: Any, hf_name: str, row: int) -> int:
+    """The GGUF row holding HF row ``row`` of ``hf_name``: llama.cpp's converter permutes the
+    rows of ``q_proj``/``k_proj`` per head (``[heads, 2, d/2]`` → ``[heads, d/2, 2]``, for its
+    rotary layout), so HF row ``h·d + half·d/2 + j`` is GGUF row ``h·d + 2j + half``."""
+    if not hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        return row
+    heads = int(reader.get_field("llama.attention.head_count").contents())
+    hidden = int(reader.get_field("llama.embedding_length").contents())
+    d = hidden // heads
+    h, rem = divmod(row, d)
+    half, j = divmod(rem, d // 2)
+    return h * d + 2 * j + half
+
+
+def gguf_values(reader: Any) -> dict[str, list[Any]]:
+    """The variant check's values of a GGUF file, comparable with a safetensors record's
+    (:func:`_values`): under the HF tensor names, at the same element indices of the HF layout,
+    dequantized by gguf-py (``gguf.quants.dequantize``, only the rows holding them), with a
+    third list, each value's absolute tolerance (one grid step of its block,
+    :data:`GGUF_LEVELS`; 0 for float tensors, compared within :data:`FLOAT_RTOL`). Empty (the
+    weights then cannot be compared: said) for an architecture other than llama or a block
+    type outside :data:`GGUF_LEVELS`."""
+    names = _gguf_hf_names(reader)
+    if names is None:
+        return {}
+    out: dict[str, list[Any]] = {}
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        hf = names.get(t.name)
+        if hf is None or (kind not in GGUF_LEVELS and kind not in FLOAT_RTOL):
+            return {}
+        out[hf] = _gguf_tensor_values(reader, t, hf, kind)
+    return out
+
+
+def _gguf_tensor_values(reader: Any, t: Any, hf: str, kind: str) -> list[Any]:
+    from gguf.quants import dequantize
+
+    width = int(t.shape[0])  # GGUF ne[0]: the HF row length
+    n = int(t.n_elements)
+    k = min(VALUES_PER_TENSOR, n)
+    vals, tols = [], []
+    for i in range(k):
+        r, c = divmod((2 * i + 1) * n // (2 * k), width)
+        g = _unpermuted_row(reader, hf, r)
+        data = t.data[g:g + 1] if t.data.ndim > 1 else t.data
+        row = dequantize(data, t.tensor_type).reshape(-1)
+        vals.append(float(f"{float(row[c]):.9g}"))
+        if kind in GGUF_LEVELS:
+            block = row[c // 32 * 32:c // 32 * 32 + 32].astype("float64")
+            levels = GGUF_LEVELS[kind]
+            step = max((block.max() - block.min()) / (levels - 1),
+                       abs(block).max() / (levels // 2))
+            tols.append(float(f"{step:.6g}"))
+        else:
+            tols.append(0.0)
+    return [kind, vals, tols]
 
 
 def _v1_fingerprint(directory: Path, gguf: Any = None) -> dict[str, Any]:
@@ -387,6 +483,7 @@ class Comparison:
     recorded: str = ""  # describe_quantization of each side
     given: str = ""
     weights_checked: bool = True
+    requantized: bool = False  # the sides' quantization differs (the probe's loose tier)
 
     def line(self) -> str:
         """The one line the stages print."""
@@ -397,7 +494,8 @@ class Comparison:
         if self.kind == "same":
             return "verifier: the model the drafter was trained on (config, tokenizer, weights)"
         if self.kind == "variant":
-            how = ("its float values agree with the recorded ones within the dtype's rounding"
+            how = ("its float values agree with the recorded ones within the dtype's rounding "
+                   "(a GGUF's dequantized values within one step of its block's grid)"
                    if self.weights_checked else "its weights could not be compared with the "
                    "recorded ones (packed or renamed tensors): only the hidden-state probe "
                    "vouches for it")
@@ -413,7 +511,7 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "differences": self.differences, "recorded": self.recorded,
                 "given": self.given, "weights_checked": self.weights_checked,
-                "line": self.line()}
+                "requantized": self.requantized, "line": self.line()}
 
 
 def _config_differences(a: dict[str, Any], b: dict[str, Any], limit: int = 8) -> list[str]:
@@ -433,17 +531,21 @@ def value_differences(recorded: dict[str, Any], given: dict[str, Any]
                       ) -> tuple[list[str], bool]:
     """``(groups whose float values disagree, comparable)`` between two fingerprints'
     ``values``: comparable when every recorded float tensor has values in ``given``; a pair
-    agrees when ``|a - b| <= rtol * max(|a|, |b|) + 1e-7`` with ``rtol`` the coarser dtype's
-    (:data:`FLOAT_RTOL`)."""
+    agrees when ``|a - b| <= rtol * max(|a|, |b|) + 1e-7 + tol`` with ``rtol`` the coarser
+    float dtype's (:data:`FLOAT_RTOL`) and ``tol`` the larger absolute tolerance a dequantized
+    GGUF value carries (:func:`gguf_values`: one grid step of its block; 0 for floats)."""
     rv, gv = recorded.get("values") or {}, given.get("values") or {}
     if not rv or any(name not in gv for name in rv):
         return [], False
     bad = set()
-    for name, (rdt, rvals) in rv.items():
-        gdt, gvals = gv[name]
+    for name, (rdt, rvals, *rtols) in rv.items():
+        gdt, gvals, *gtols = gv[name]
         rtol = max(FLOAT_RTOL.get(rdt, 0.0), FLOAT_RTOL.get(gdt, 0.0))
-        if len(rvals) != len(gvals) or any(abs(a - b) > rtol * max(abs(a), abs(b)) + 1e-7
-                                           for a, b in zip(rvals, gvals)):
+        absolute = [max(x) for x in zip(*(rtols or [[0.0] * len(rvals)]),
+                                        *(gtols or [[0.0] * len(gvals)]))]
+        if len(rvals) != len(gvals) or any(
+                abs(a - b) > rtol * max(abs(a), abs(b)) + 1e-7 + tol
+                for a, b, tol in zip(rvals, gvals, absolute)):
             bad.add(layer_group(name))
     return sorted(bad, key=_group_order), True
 
@@ -453,6 +555,15 @@ def _group_order(g: str) -> tuple[int, int]:
 
 
 def compare(recorded: dict[str, Any] | None, given: dict[str, Any]) -> Comparison:
+    """:func:`_classify`, with ``requantized`` set when the two records' ``quantization``
+    differ (a packed quantization on either side: the hidden-state probe expects its noise)."""
+    c = _classify(recorded, given)
+    c.requantized = bool(recorded) and (recorded or {}).get("quantization") != \
+        given.get("quantization")
+    return c
+
+
+def _classify(recorded: dict[str, Any] | None, given: dict[str, Any]) -> Comparison:
     """Classify ``given`` against ``recorded`` (both :func:`identify` records; a fresh ``given``
     is made with the recorded scheme, :func:`identify_like`). Two records of different
     fingerprint schemes (a drafter recorded by an older specdraft against a newer run) compare
@@ -538,14 +649,23 @@ def bind(recorded: dict[str, Any] | None, verifier: str, *, allow_other: bool, f
                           trust_remote_code=trust_remote_code)
     c = compare(recorded, given)
     refusal = None
+    unchecked = c.kind == "variant" and not c.weights_checked  # packed: values not compared
     if c.kind == "other" and not allow_other:
         refusal = (f"--verifier {verifier}: not the model the drafter was trained on "
                    f"({(recorded or {}).get('path')}): {'; '.join(c.differences)}. Use the "
                    f"verifier the drafter was trained on, or pass {flag} to go on anyway "
                    f"(recorded in the results)")
+    elif unchecked and not allow_other:
+        refusal = (f"--verifier {verifier}: a quantized copy ({c.given}) of the model the "
+                   f"drafter was trained on ({c.recorded}) whose weights specdraft cannot "
+                   f"compare with the recorded ones (packed GPTQ/AWQ/compressed-tensors "
+                   f"tensors, or a GGUF other than llama's layout): nothing but the hidden-state "
+                   f"probe vouches for it. Pass {flag} to accept it (recorded in the results), "
+                   f"or give the unquantized checkpoint")
     else:
-        print(c.line() + (f" [{flag}]" if c.kind == "other" else ""), file=sys.stderr)
-    return {**c.to_dict(), "allowed_by_flag": c.kind == "other" and allow_other,
+        print(c.line() + (f" [{flag}]" if c.kind == "other" or unchecked else ""),
+              file=sys.stderr)
+    return {**c.to_dict(), "allowed_by_flag": (c.kind == "other" or unchecked) and allow_other,
             "refusal": refusal, "served": {"path": str(verifier), "dtype": given["dtype"],
                                            "quantization": given["quantization"]}}
 

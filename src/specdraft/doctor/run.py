@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specdraft.artifacts.checks import check_drafter
@@ -14,12 +14,15 @@ from specdraft.doctor.config import DoctorConfig
 class DoctorReport:
     """The doctor's result: the drafter directory checked, its format, whether every check
     passed, and each check as ``{name, ok, detail, fix}``. ``report["ok"]`` reads like the dict
-    ``run()`` returned before (:meth:`to_dict`)."""
+    ``run()`` returned before (:meth:`to_dict`). ``engine_fixes``: the CPU-engine fixes the
+    run's eval figures needed (``RUN/eval/manifest.json`` ``engine.engine_fixes``; an entry
+    starting ``OFF`` is a fix switched off), so that a patched engine is always said."""
 
     drafter: str
     format: str
     ok: bool
     checks: list[dict[str, Any]]
+    engine_fixes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,4 +43,18 @@ def run(config: DoctorConfig, ctx: StageContext | None = None, *,
     stage runs in one process (:func:`specdraft.core.context.single_process`)."""
     single_process("doctor", ctx, "cpu")
     return DoctorReport(**check_drafter(config.target, config.verifier, verifier=verifier,
-                                        dtype=config.dtype))
+                                        dtype=config.dtype),
+                        engine_fixes=eval_engine_fixes(config.target))
+
+
+def eval_engine_fixes(target: Any) -> list[str]:
+    """The engine fixes recorded by the run's eval (``RUN/eval/manifest.json``
+    ``engine.engine_fixes``); empty for a drafter directory or a run without engine figures."""
+    from specdraft.artifacts.layout import RunLayout
+    from specdraft.core.manifest import read_manifest
+
+    layout = RunLayout(target)
+    if not layout.is_run():
+        return []
+    manifest = read_manifest(layout.stage("eval")) or {}
+    return [str(f) for f in ((manifest.get("engine") or {}).get("engine_fixes") or [])]

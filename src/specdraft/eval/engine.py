@@ -108,8 +108,8 @@ def figure_fixes(fixes: Sequence[str], temperature: float) -> list[str]:
     depends on: the expand-kernel fix only at ``temperature`` > 0 (greedy verification never
     reads the per-token temperature it repairs), every other fix as applied. Only these are
     said on stderr and recorded as the figure's ``engine_fixes`` (the rest as
-    ``engine_fixes_idle``)."""
-    return [f for f in fixes if temperature > 0 or f != CPU_EXPAND_FIX]
+    ``engine_fixes_idle``); the same for the expand fix switched off (``OFF …``)."""
+    return [f for f in fixes if temperature > 0 or not f.endswith(CPU_EXPAND_FIX)]
 
 
 def engine_heartbeat(name: str, log: Path) -> StageProgress:
@@ -261,7 +261,8 @@ def measure_vllm(config: Any, *, prompts: list[dict[str, Any]], prompt_ids: list
         beat.close(final=False)
     fixes = figure_fixes(res.get("engine_fixes", []), config.temperature)
     for fix in fixes:
-        print(f"eval: vLLM bug worked around for this figure: {FIX_NAMES.get(fix, fix)} "
+        said = "NOT worked around (switched off)" if fix.startswith("OFF ") else "worked around"
+        print(f"eval: vLLM bug {said} for this figure: {FIX_NAMES.get(fix, fix)} "
               f"(results.json engine.engine_fixes)", file=sys.stderr)
     spec = res["runs"][0]
     fig = figures(spec["counters"])

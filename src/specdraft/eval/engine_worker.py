@@ -33,6 +33,11 @@ text), reads ``LLM.get_metrics()`` spec-decode counters before and after
 output JSON holds, per run: ``tokens`` (committed ids per prompt), ``counters`` (differenced)
 and ``drafter_weights`` (numel and float64 sum of the drafter's parameters as vLLM loaded them,
 to compare with the checkpoint: a silently skipped tensor changes both).
+
+Each CPU-engine fix (:func:`fix_cpu_expand`, :func:`fix_cpu_grouped_rms_norm`) can be switched
+off for the whole process by ``SPECDRAFT_ENGINE_FIX_EXPAND=0`` /
+``SPECDRAFT_ENGINE_FIX_GROUPED_RMS_NORM=0`` (:func:`fix_enabled`); a fix switched off while its
+bug is present is recorded in ``engine_fixes`` as ``OFF …`` (:func:`fix_off`).
 """
 
 from __future__ import annotations
@@ -157,6 +162,21 @@ def run_one(job: dict, run: dict) -> dict:
             "start_s": round(start_s, 2), "generate_s": round(gen_s, 2)}
 
 
+def fix_enabled(name: str) -> bool:
+    """Whether the CPU-engine fix ``name`` (``EXPAND``: :func:`fix_cpu_expand`;
+    ``GROUPED_RMS_NORM``: :func:`fix_cpu_grouped_rms_norm`) is on: every fix is, unless the
+    environment sets ``SPECDRAFT_ENGINE_FIX_<name>=0`` (to measure what the unfixed engine
+    computes: docs/acceptance-as-served.md, docs/drafters.md)."""
+    return os.environ.get(f"SPECDRAFT_ENGINE_FIX_{name}", "1").strip() != "0"
+
+
+def fix_off(name: str, description: str) -> str:
+    """The ``engine_fixes`` entry of a fix switched off while its bug is present: said as
+    loudly as an applied fix, so the figures are never taken for fixed ones."""
+    return (f"OFF by SPECDRAFT_ENGINE_FIX_{name}=0, the bug is present and NOT worked around "
+            f"(these figures are the unfixed engine's): {description}")
+
+
 #: The engine bug :func:`fix_cpu_expand` works around, as recorded in the results.
 CPU_EXPAND_FIX = (
     "vLLM CPU build: the expand kernel (vllm/utils/cpu_triton_utils.py _expand_kernel_impl) "
@@ -192,6 +212,8 @@ def fix_cpu_expand() -> list[str]:
         return []
     if probe.tolist() == [0.5, 0.5, 2.0]:
         return []
+    if not fix_enabled("EXPAND"):
+        return [fix_off("EXPAND", CPU_EXPAND_FIX)]
     import vllm.v1.sample.rejection_sampler as rs
 
     def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
@@ -236,6 +258,8 @@ def fix_cpu_grouped_rms_norm() -> list[str]:
         return []
     if torch.allclose(out[1], 2 * torch.ones(1, 32), atol=1e-4):
         return []
+    if not fix_enabled("GROUPED_RMS_NORM"):
+        return [fix_off("GROUPED_RMS_NORM", CPU_GROUPED_RMS_NORM_FIX)]
     original = qwen3_dflash.DFlashQwen3Model._normalize_context_k
 
     def _normalize_context_k(self, all_k):  # all_k [L, n, kvh, d], weights [L, d]

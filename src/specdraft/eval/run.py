@@ -219,10 +219,18 @@ def run(config: EvalConfig, ctx: StageContext | None = None, *,
     prompts = load_prompts(config.prompts, config.limit)
     out = output_dir(config)
     if config.server is not None:
+        import httpx
+
+        from specdraft.eval.served import check_served
         from specdraft.eval.server import server_eval
 
+        client = httpx.Client(base_url=config.server, timeout=600)
+        served = check_served(config, client)
         results = server_eval(config.server, prompts, max_tokens=config.max_new_tokens,
-                              temperature=config.temperature)
+                              temperature=config.temperature, client=client)
+        results["served_model"] = served
+        # which engine answered ("vllm"/"sglang"): not the --engine figures "engine" holds
+        results["server_engine"] = results.pop("engine")
     else:
         from specdraft.core.verifier import load_tokenizer, load_verifier
 
@@ -258,7 +266,8 @@ def run(config: EvalConfig, ctx: StageContext | None = None, *,
                                          "tree", "sglang_accept_length", "acceptance_rule")},
                                      "serve_plan": _plan_extract(results.get("serve_plan")),
                                      "engine": engine_extract(results.get("engine")),
-                                     "verifier_binding": results.get("verifier_binding")})
+                                     "verifier_binding": results.get("verifier_binding"),
+                                     "served_model": results.get("served_model")})
     if results.get("engine") and results["engine"]["name"] == "vllm":
         from specdraft.eval.engine import check_agreement
 
@@ -308,7 +317,7 @@ def verifier_binding(config: EvalConfig, verifier: Any, tokenizer: Any) -> dict[
                    flag=flag, tokenizer=tokenizer)
     if binding["refusal"]:
         raise ConfigError(binding["refusal"])
-    probe = probe_or_skip(verifier, config.run_dir)
+    probe = probe_or_skip(verifier, config.run_dir, quantized=binding.get("requantized", False))
     print(probe["line"], file=sys.stderr)
     if probe["ran"] and not probe["ok"]:
         if not config.allow_other_verifier:

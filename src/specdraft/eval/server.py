@@ -67,12 +67,18 @@ def _get(client: httpx.Client, path: str) -> httpx.Response | None:
     return r if r.status_code == 200 else None
 
 
-def model_name(client: httpx.Client) -> str:
+def model_card(client: httpx.Client) -> dict[str, Any]:
+    """The first model ``GET /v1/models`` lists (``id``; vLLM adds ``root``, the path it
+    loaded, and ``max_model_len``). Raises :class:`InputError` when it lists none."""
     r = _get(client, "/v1/models")
     data = (r.json().get("data") if r is not None else None) or []
-    if not data:
+    if not data or not isinstance(data[0], dict) or "id" not in data[0]:
         raise InputError(f"{client.base_url}/v1/models lists no model")
-    return data[0]["id"]
+    return data[0]
+
+
+def model_name(client: httpx.Client) -> str:
+    return str(model_card(client)["id"])
 
 
 def send_prompts(client: httpx.Client, prompts: list[dict[str, Any]], *, max_tokens: int,

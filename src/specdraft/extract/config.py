@@ -44,6 +44,10 @@ class ExtractConfig(StageConfig):
     device_map: str | None = Field(None, description="HF device_map, e.g. auto: spread a large "
                                                      "verifier over the GPUs.")
     trust_remote_code: bool = Field(False, description="Allow the verifier's own code.")
+    verifier_fingerprint: Literal["sampled", "full"] = Field(
+        "sampled", description="Verifier identity's weight fingerprint: sampled (1 KiB of "
+                               "every tensor) or full (every byte hashed, at the disk's read "
+                               "speed: docs/verifier-binding.md).")
     resume: bool = Field(False, description="Continue a killed run (finished shards are kept).")
     overwrite: bool = Field(False, description="Delete RUN/extract and start over.")
     backend: Literal["transformers", "vllm"] = Field(

@@ -541,13 +541,15 @@ def verifier_profile(config: ExtractConfig, model: Any) -> VerifierProfile:
 
 def verifier_identity(config: ExtractConfig, *, in_memory: bool) -> dict[str, Any] | None:
     """The verifier's identity record (:func:`specdraft.core.verifier_identity.identify`: config
-    hash, quantization, weight-byte sample, tokenizer and template hashes), read from
-    ``--verifier``'s files without loading the weights, for either backend. None (said on
+    hash, quantization, weight fingerprint of ``--verifier-fingerprint``'s scheme, tokenizer and
+    template hashes), read from ``--verifier``'s files without loading the weights, for either
+    backend. None (said on
     stderr) only when the model was handed over in memory and ``--verifier`` names no files."""
     from specdraft.core.verifier_identity import identify
 
     try:
-        return identify(config.verifier, trust_remote_code=config.trust_remote_code)
+        return identify(config.verifier, trust_remote_code=config.trust_remote_code,
+                        scheme=config.verifier_fingerprint)
     except ConfigError as err:
         if not in_memory:
             raise

@@ -98,11 +98,18 @@ class LoopbackServer:
     whitespace-separated words of all message contents (the loopback's "tokens", as in
     :func:`vllm_reply`'s usage) when ``tokenize`` is true, else 404. Every chat request body
     received is kept in ``chat_bodies`` (tests assert what was, and was not, sent).
+    ``routes``: more answers, ``{path suffix: async route(method, raw body) -> Reply}``
+    (``/metrics``, ``/completions``), tried before the chat route; ``card``: more fields of the
+    listed model (vLLM's ``root``).
     """
 
     def __init__(self, handler: Callable[[dict[str, Any]], Awaitable[Reply]] = echo_handler,
                  *, port: int = 0, model_name: str = "loopback-model",
-                 max_model_len: int | None = None, tokenize: bool = True) -> None:
+                 max_model_len: int | None = None, tokenize: bool = True,
+                 routes: dict[str, Callable[[str, bytes], Awaitable[Reply]]] | None = None,
+                 card: dict[str, Any] | None = None) -> None:
+        self.routes = routes or {}
+        self.card = card or {}
         self.handler = handler
         self.port = port
         self.model_name = model_name
@@ -171,7 +178,7 @@ class LoopbackServer:
 
     async def _dispatch(self, method: str, path: str, raw: bytes) -> Reply:
         if method == "GET" and path.rstrip("/").endswith("/models"):
-            card: dict[str, Any] = {"id": self.model_name, "object": "model"}
+            card: dict[str, Any] = {"id": self.model_name, "object": "model", **self.card}
             if self.max_model_len is not None:
                 card["max_model_len"] = self.max_model_len
             return Reply(200, {"object": "list", "data": [card]})
@@ -180,6 +187,9 @@ class LoopbackServer:
             words = sum(len(str(m.get("content") or "").split()) for m in body["messages"])
             return Reply(200, {"count": words, "max_model_len": self.max_model_len,
                                "tokens": list(range(words))})
+        for suffix, route in self.routes.items():
+            if path.rstrip("/").endswith(suffix):
+                return await route(method, raw)
         if method != "POST" or not path.rstrip("/").endswith("/chat/completions"):
             return Reply(404, {"error": f"no route {method} {path}"})
         body = json.loads(raw)

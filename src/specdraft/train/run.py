@@ -105,9 +105,13 @@ def open_source(cfg: TrainConfig, verifier: Any, env: StageContext) -> tuple[Any
 def verifier_identity(cfg: TrainConfig, extract_manifest: Any) -> dict[str, Any] | None:
     """The identity of the verifier the drafter is trained on: the run's
     (:func:`specdraft.artifacts.verifier_contract.run_verifier`; ``extract_manifest``'s when the
-    contract holds none), else (online training) read
+    contract holds none, or when extract hashed every byte: ``--verifier-fingerprint full``),
+    else (online training) read
     from ``--verifier``'s files (:func:`specdraft.core.verifier_identity.identify`); None when
     neither is available."""
+    extracted = getattr(extract_manifest, "verifier_identity", None) or {}
+    if (extracted.get("weights") or {}).get("scheme") == "full":
+        return extracted  # extract --verifier-fingerprint full: the stronger record
     recorded = run_verifier(cfg.run_dir).identity
     if recorded is not None or extract_manifest is not None:
         return recorded or extract_manifest.verifier_identity
