@@ -87,7 +87,9 @@ def save_verifier(out: Path, family: str, tokenizer_dir: Path, **fields) -> Path
 def write_config(path: Path, run_dir: Path, verifier: Path, data: Path) -> Path:
     cfg = {"run_dir": str(run_dir), "verifier": str(verifier),
            "generate": {"prompts": "builtin:demo_train"},
-           "prepare": {"data": str(data), "max_seq_len": 256},
+           # the Qwen3 template's empty think block before an answer without reasoning is
+           # supervised here on purpose (test_think_markers_and_supervised_think_block)
+           "prepare": {"data": str(data), "max_seq_len": 256, "allow_empty_think_scaffold": True},
            "vocab": {"draft_vocab_size": 256},
            "extract": {"storage": "fp32"},
            "train": {"max_steps": 3, "ttt_steps": 2, "warmup_steps": 1, "val_fraction": 0.25,

@@ -124,6 +124,34 @@ def test_data_file_sharegpt_and_require_reasoning(tmp_path, think_tokenizer_dir)
     assert len(manifest["inputs"]["data"]) == 64
 
 
+def test_empty_think_scaffold_refused_unless_asked(tmp_path, think_tokenizer_dir):
+    """A thinking template writes "<think>\n\n</think>\n\n" before an answer without
+    reasoning; with no server token ids nobody knows the model wrote it: the turn is a counted
+    reject (empty_think_scaffold) naming the flag, and with --allow-empty-think-scaffold it is
+    kept, supervised from the block on, and counted in the manifest's scaffolds."""
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "r", "messages": [{"role": "user", "content": "2+2?"},
+                                 {"role": "assistant", "content": "4", "reasoning": "Add."}]},
+        {"id": "n", "messages": [{"role": "user", "content": "Hi"},
+                                 {"role": "assistant", "content": "Hello"}]},
+    ]) + "\n")
+    refused = run(PrepareConfig(run_dir=str(tmp_path / "a"), tokenizer=str(think_tokenizer_dir),
+                                data=str(data)))
+    assert refused["counts"]["rejected"] == {"empty_think_scaffold": 1}
+    (reject,) = _rejects(tmp_path / "a")
+    assert reject["id"] == "n/0" and "--allow-empty-think-scaffold" in reject["detail"]
+    assert _load(tmp_path / "a")["sample_id"] == ["r"]
+
+    kept = run(PrepareConfig(run_dir=str(tmp_path / "b"), tokenizer=str(think_tokenizer_dir),
+                             data=str(data), allow_empty_think_scaffold=True))
+    assert kept["counts"]["rejected"] == {}
+    assert kept["summary"]["scaffolds"] == {"empty_think_scaffold": 1}
+    row = _load(tmp_path / "b")[1]
+    supervised = [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
+    assert supervised[0] == 49152  # <think>: the template's block, supervised as asked
+
+
 def test_configured_think_tokens_must_exist(tmp_path, smollm2_tokenizer_dir, gen_helpers):
     write_generate, sample = gen_helpers
     write_generate(tmp_path, [])

@@ -67,6 +67,12 @@ class PrepareConfig(StageConfig):
                     "(DeepSeek-R1 style); {reasoning} and {close} are substituted.")
     require_reasoning: bool = Field(False, description="Reject turns without reasoning "
                                                        "(no_reasoning).")
+    allow_empty_think_scaffold: bool = Field(
+        False, description="Supervise the empty think block a thinking template writes before "
+                           "an answer without reasoning (<think>\\n\\n</think>\\n\\n) as "
+                           "if the model generated it; off: such turns are rejected as "
+                           "empty_think_scaffold, since without the server's token ids "
+                           "nobody knows the model wrote it.")
     add_special_tokens: bool = Field(False, description="Let the tokenizer add its automatic "
                                                         "special tokens (off: the template "
                                                         "writes BOS itself, as vLLM/SGLang "

@@ -150,6 +150,7 @@ class _Job:
             if self.config.require_reasoning and not turn.reasoning.strip():
                 raise TurnRejected("no_reasoning", "--require-reasoning and the turn has none")
             enc = encode_turn(self.renderer, turn, self.rules)
+            check_scaffold(enc.scaffold, self.config.allow_empty_think_scaffold)
             _check_tool_calls(self.renderer, message, meta["message_index"], enc)
             differs = tool_call_rendering_differs(self.renderer, turn, self.rules, enc)
         except TurnRejected as err:
@@ -166,6 +167,21 @@ class _Job:
                          "seq_len": len(enc.input_ids), "truncated": enc.truncated})
         self.summary.add_row(enc.input_ids, enc.loss_mask, reasoning=bool(turn.reasoning.strip()),
                              truncated=enc.truncated, scaffold=enc.scaffold)
+
+
+def check_scaffold(scaffold: str | None, allowed: bool) -> None:
+    """Refuse a turn whose supervised tokens start with a thinking template's own empty think
+    block (``empty_think_scaffold``, :func:`specdraft.prepare.turns.completion_text`) unless
+    ``--allow-empty-think-scaffold``: with no server token ids the block is the template's text,
+    not known to be the model's, and a drafter trained on it learns to draft a scaffold the
+    served verifier may never write (issue 39). Raises :class:`TurnRejected`
+    (``empty_think_scaffold``, a counted reject)."""
+    if scaffold == "empty_think_scaffold" and not allowed:
+        raise TurnRejected("empty_think_scaffold", "the chat template writes an empty think "
+                           "block before this answer without reasoning, and no server token "
+                           "ids say the model wrote it; pass --allow-empty-think-scaffold to "
+                           "supervise it as generated, or generate with a server that returns "
+                           "token ids (vLLM does)")
 
 
 def _check_tool_calls(renderer: Renderer, message: dict[str, Any], index: int,
