@@ -215,3 +215,44 @@ def test_the_command_line_trains_from_the_servers(tmp_path, monkeypatch, tiny_mo
     res = CliRunner().invoke(app, argv)
     assert res.exit_code == 0, (res.output, res.exception)
     assert _curve(run_dir) == offline[0]
+
+
+@pytest.mark.slow
+def test_two_process_ddp_each_rank_its_own_rows(tmp_path, tiny_verifier_dir, rows):
+    """torchrun --nproc-per-node 2 (grad_accum 1) == 1 process (grad_accum 2): the same weights,
+    each rank prefetching only its own rows (disjoint, together the one process's rows)."""
+    import collections
+    import os
+    import subprocess
+    import sys
+
+    here = Path(__file__).parent
+    path = os.pathsep.join(p for p in (str(here), str(here.parent),
+                                       os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    worker = str(here / "live_ddp_worker.py")
+    one = _prepare(tmp_path / "one", rows, tiny_verifier_dir)
+    two = _prepare(tmp_path / "two", rows, tiny_verifier_dir)
+    subprocess.run([sys.executable, worker, str(one), "2", str(tiny_verifier_dir),
+                    str(tmp_path / "one.json")], check=True, env=env, timeout=600)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                    "--master-port", str(port), worker, str(two), "1", str(tiny_verifier_dir),
+                    str(tmp_path / "two.json")], check=True, env=env, timeout=600)
+    w1, w2 = _weights(one), _weights(two)
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-6)
+    solo = json.loads((tmp_path / "one.json.rank0").read_text())
+    ranks = [json.loads((tmp_path / f"two.json.rank{r}").read_text()) for r in (0, 1)]
+    assert len(ranks[0]["orders"]) == len(ranks[1]["orders"]) == len(solo["orders"]) > 1
+    for e, whole in enumerate(solo["orders"]):  # per epoch: the one process's rows, split
+        mine, theirs = ranks[0]["orders"][e], ranks[1]["orders"][e]
+        assert mine and theirs and not set(mine) & set(theirs)
+        assert sorted(mine + theirs) == sorted(whole)
+    for rank in ranks:  # each rank's rows captured by its own requests (+ validation's)
+        wanted = collections.Counter(i for o in rank["orders"] for i in o)
+        assert not wanted - collections.Counter(rank["captured"])
