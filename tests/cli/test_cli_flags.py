@@ -54,6 +54,8 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
     ("serve", "aux_layers"): (["--aux-layers", "1,2"], (1, 2)),
     ("train", "aux_layers"): (["--aux-layers", "2,3", "--aux-layers", "4"], (2, 3, 4)),
     ("train", "online"): (["--online", "--verifier", "smollm2"], True),
+    ("train", "endpoint"): (["--online", "--verifier", "smollm2", "--endpoint",
+                             "http://a:1,http://b:2"], ["http://a:1", "http://b:2"]),
     ("export", "aux_layers"): (["--aux-layers", "1,2,3"], (1, 2, 3)),
     # DFlash's settings are refused for the EAGLE-3 drafter (its row: kinds.DFLASH_OPTIONS)
     ("train", "dflash_block_size"): (["--drafter", "dflash", "--dflash-block-size", "9"], 9),

@@ -32,8 +32,12 @@ MAY_CHANGE: dict[str, frozenset[str]] = {
     # Checkpoint cadence, logging and its trackers, validation cadence (validation reads the
     # model, never the RNG nor the optimizer; but the validated steps decide which one lands
     # in best/), and the pre-flight teacher check (it runs before step 0).
+    # --endpoint's servers, transport and prefetch depth: which servers capture the rows
+    # (each probed before the first step), not which rows nor their values.
     "train": frozenset({"save_every", "keep_checkpoints", "log_every", "report_to",
-                        "eval_every", "teacher_check", "teacher_check_rows"}),
+                        "eval_every", "teacher_check", "teacher_check_rows", "endpoint",
+                        "capture_dir", "endpoint_concurrency", "endpoint_timeout_s",
+                        "online_prefetch"}),
     # The end-of-run spot check (--verify N rows, its --seed) reads the shards, never writes
     # them; the engine's stall limit only decides when a stuck engine is stopped.
     # --endpoint's servers and transport: which servers capture (the identity probe checks

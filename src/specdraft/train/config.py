@@ -155,6 +155,28 @@ class TrainConfig(StageConfig):
     aux_layers: tuple[int, ...] | None = Field(
         None, description="--online: aux layer ids, comma-separated (none: 2,N//2,N-3); "
                           "offline, RUN/extract's ids are used.")
+    endpoint: list[str] = Field(
+        default_factory=list, description="--online: running `specdraft serve` URLs (repeat or "
+                                          "comma-separate): rows' hidden states captured "
+                                          "through them ahead of each step, nothing stored "
+                                          "(no verifier in this process).")
+    capture_dir: Path | None = Field(
+        None, description="--endpoint: where the servers write each row's states, each file "
+                          "deleted once read (storage both see; none: RUN/train/live).")
+    endpoint_concurrency: int = Field(4, ge=1, description="--endpoint: requests in flight per "
+                                                          "server.")
+    endpoint_timeout_s: float = Field(
+        600.0, gt=0, description="--endpoint: seconds one row may take on a server before its "
+                                 "rows go to the others; with no server left, how long to "
+                                 "wait for one.")
+    online_prefetch: int = Field(
+        64, ge=1, description="--endpoint: rows captured per prefetch chunk; at most 3 chunks "
+                              "are held (one trained on, one ready, one in capture): about "
+                              "3 x N x row tokens x (aux ids + 1) x hidden x storage bytes.")
+    online_storage: Literal["fp32", "bf16", "fp8", "bf16-zstd", "fp8-zstd"] = Field(
+        "bf16", description="--endpoint: the rounding of the captured states, that of an "
+                            "extract stored in this format (the same values as training on "
+                            "that extract).")
     teacher_check: bool = Field(True, description="Before training, compare the stored teacher "
                                                   "of a few rows with a fresh verifier forward "
                                                   "and refuse out-of-band hidden states.")
@@ -183,6 +205,11 @@ class TrainConfig(StageConfig):
                              "draft vocabulary has no class to train")
         if self.online and not self.verifier:
             raise ValueError("--online needs --verifier (the model run inside the training step)")
+        if self.endpoint and not self.online:
+            raise ValueError("--endpoint trains from running servers: add --online")
+        from specdraft.core.config import check_http_urls
+
+        check_http_urls(self.endpoint)
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite exclude each other")
         from specdraft.core.errors import ConfigError

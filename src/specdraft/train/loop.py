@@ -136,6 +136,7 @@ class Trainer:
         self.last_val: dict[str, Any] | None = None
         self.best_val: dict[str, Any] | None = None
         self.resume_changes: dict[str, list[Any]] = {}
+        self._expected: int | None = None  # the epoch a prefetching source was told of
 
     # ----- data -----
     def plan(self, epoch: int) -> list[MicroBatch]:
@@ -144,6 +145,15 @@ class Trainer:
                 self.data.train, self.data.lengths, batch_tokens=self.cfg.batch_tokens,
                 length_window=self.cfg.length_window, seed=self.cfg.seed, epoch=epoch)}
         return self._plans[epoch]
+
+    def rows_ahead(self) -> list[int]:
+        """This rank's rows, in the order its steps load them, from this step to the end of
+        the epoch (or of the run): what a prefetching source captures ahead."""
+        last = min(self.steps_per_epoch, self.step_in_epoch + self.total_steps - self.step)
+        return [i for s in range(self.step_in_epoch, last)
+                for mb in rank_micro_batches(self.plan(self.epoch), s, self.env.rank,
+                                             self.env.world_size, self.cfg.grad_accum)
+                for i in mb]
 
     def load(self, mb: MicroBatch):
         return self.data.collate(self.data.source.get_batch(list(mb)))
@@ -156,6 +166,10 @@ class Trainer:
         """Forward/backward over this rank's micro-batches, clip, step. Returns the grad norm."""
         mbs = rank_micro_batches(self.plan(self.epoch), self.step_in_epoch, self.env.rank,
                                  self.env.world_size, self.cfg.grad_accum)
+        expect = getattr(self.data.source, "expect", None)  # a prefetching source
+        if expect is not None and self._expected != self.epoch:
+            self._expected = self.epoch
+            expect(self.rows_ahead())
         batches = [self.load(mb) for mb in mbs]
         self.model.train()  # before loss_counts: DFlash draws its training anchors there,
         self.objective.step = self.step  # from generators seeded by the step (and the row)

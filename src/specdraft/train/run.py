@@ -79,6 +79,9 @@ def open_source(cfg: TrainConfig, verifier: Any, env: StageContext) -> tuple[Any
     an OnlineSource running the verifier over ``RUN/prepare/dataset``."""
     from specdraft.artifacts import hidden_states as src
 
+    if cfg.endpoint:
+        raise ConfigError("--endpoint: the live source is built by `specdraft train` "
+                          "(specdraft.cli.train); pass run(..., source=open_live_source)")
     if not cfg.online:
         require_stage(cfg.run_dir, "extract")
         return src.DiskSource(RunLayout(cfg.run_dir).extract), verifier, \
@@ -170,6 +173,9 @@ def preflight_teacher(cfg: TrainConfig, verifier: Any, data: Data, env: StageCon
 
     if not cfg.teacher_check:
         return tc.TeacherReport("skipped", reason="--no-teacher-check").to_dict()
+    if cfg.endpoint:  # no verifier in this process; the servers' probe checked its head
+        return tc.TeacherReport("skipped", reason="--endpoint: the servers were probed "
+                                "(specdraft.extract.endpoint.probe)").to_dict()
     extract = load_stage_manifest(RunLayout(cfg.run_dir).extract) if not cfg.online else None
     codec = getattr(data.source, "codec", None)
     storage = extract.storage.format if extract is not None else getattr(codec, "name", "fp32")
@@ -192,7 +198,10 @@ def run(config: TrainConfig, ctx: StageContext | None = None, *, verifier: Any =
     :func:`specdraft.core.context.stage_context` reads torchrun's environment and starts it).
     ``verifier``: an already-loaded HF causal LM (online mode, or the head and config source
     when ``source`` is given); ``source``: a ready hidden-state source (tests, ``specdraft
-    run``). Runs under torchrun when ``WORLD_SIZE > 1``.
+    run``), or a factory ``source(config, ctx)`` called once the process group is up
+    (``--endpoint``: :func:`specdraft.extract.live_source.open_live_source`, handed over by
+    :mod:`specdraft.cli.train`: a stage does not import another). Runs under torchrun when
+    ``WORLD_SIZE > 1``.
     """
     clock = StageClock()
     if ctx is not None:
@@ -210,6 +219,9 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
     out = RunLayout(cfg.run_dir).train
     d2t, t2d = load_vocab_map(cfg.run_dir)
     inputs = {"vocab": input_hash(RunLayout(cfg.run_dir).vocab)}
+    if callable(source) and not hasattr(source, "get_batch"):  # a factory (train --endpoint)
+        source = source(cfg, env)
+        inputs.update(getattr(source, "inputs", {}))
     if source is None:
         source, verifier, more = open_source(cfg, verifier, env)
         inputs.update(more)
@@ -218,7 +230,7 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
 
     extract_manifest = None if cfg.online else load_stage_manifest(extract_dir)
     profile = verifier_profile(cfg, verifier, extract_manifest)
-    head = verifier_head(verifier, cfg.run_dir)
+    head = getattr(source, "head", None) or verifier_head(verifier, cfg.run_dir)
     identity = verifier_identity(cfg, extract_manifest)
     drafter = build_drafter(cfg, profile, source, head, d2t, t2d, identity).to(env.device)
     objective = kinds.resolve(kinds.get(cfg.drafter).objective)(drafter, cfg)
@@ -229,7 +241,11 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
                                  keep_final_hidden=keep), train_idx, val_idx, lengths)
     teacher = preflight_teacher(cfg, verifier, data, env)
     trainer = Trainer(cfg, env, objective, wrap(objective, env, cfg.parallel), data, out)
-    figures = fit(trainer, resume=cfg.resume)
+    try:
+        figures = fit(trainer, resume=cfg.resume)
+    finally:
+        if hasattr(source, "close"):  # a prefetching source's thread
+            source.close()
     report = getattr(objective, "run_report", None)  # an objective's run-level figures
     if report is not None:
         figures.update(report(env))
