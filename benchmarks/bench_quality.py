@@ -168,7 +168,8 @@ def main() -> None:
     ap.add_argument("--n-train", type=int, default=1000)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--eval-limit", type=int, default=100, help="GSM8K test prompts")
-    ap.add_argument("--mt-limit", type=int, default=None, help="MT-bench prompts (all 80)")
+    ap.add_argument("--mt-limit", type=int, default=None, help="MT-bench prompts (all 80; 0: "
+                    "no MT-bench eval)")
     ap.add_argument("--chats", type=Path, default=None, help="train on these conversations "
                     "(prepare --data; e.g. an earlier run's generate/samples.jsonl) instead of "
                     "generating: the pipeline starts at prepare")
@@ -235,7 +236,8 @@ def main() -> None:
     t_mt = time.monotonic()
     eval_cfg = config.stages["eval"]
     verifier = SharedVerifier(sys.stderr).get(VerifierSpec.of(eval_cfg), "eval")[0]
-    mt = eval_mtbench(args.run_dir, Path(config.stages["eval"].drafter), verifier, args.mt_limit)
+    mt = None if args.mt_limit == 0 else \
+        eval_mtbench(args.run_dir, Path(config.stages["eval"].drafter), verifier, args.mt_limit)
     t_end = time.monotonic()
     report(args, manifest, mt, pipeline_s=t_mt - t0, mtbench_s=t_end - t_mt)
     if args.peer:
@@ -246,7 +248,9 @@ def main() -> None:
 
 def report(args, manifest: dict, mt: dict, *, pipeline_s: float, mtbench_s: float) -> None:
     gsm = json.loads((args.run_dir / "eval" / "manifest.json").read_text())
-    rows = {f"gsm8k_test_{args.eval_limit}": gsm, f"mt_bench_turn1_{args.mt_limit or 80}": mt}
+    rows = {f"gsm8k_test_{args.eval_limit}": gsm}
+    if mt is not None:
+        rows[f"mt_bench_turn1_{args.mt_limit or 80}"] = mt
     data = f"conversations of {args.chats}" if args.chats else \
         f"{args.n_train} GSM8K train prompts answered by the verifier"
     print(f"\nbench_quality: {data}, {args.epochs} epochs, k = 4, greedy")

@@ -236,12 +236,14 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
     ckpt = train_peer(run_dir, train_cfg, data, vdir, ratio, kind)
     drafter = dflash_eval_ready(ckpt, peer_dir / "drafter", verifier.config.num_hidden_layers) \
         if kind == "dflash" else eval_ready(ckpt, peer_dir / "drafter")
+    sets = ("gsm8k",) if args.mt_limit == 0 else ("gsm8k", "mt")  # --mt-limit 0: no MT-bench
     peer = {"gsm8k": eval_offline(peer_dir / "eval-gsm8k", drafter, verifier,
-                                  GSM8K_TEST, args.eval_limit),
-            "mt": eval_offline(peer_dir / "eval-mtbench", drafter, verifier, MT_BENCH,
-                               args.mt_limit)}
-    ours = {"gsm8k": json.loads((run_dir / "eval" / "manifest.json").read_text()),
-            "mt": json.loads((run_dir / "eval-mtbench" / "manifest.json").read_text())}
+                                  GSM8K_TEST, args.eval_limit)}
+    ours = {"gsm8k": json.loads((run_dir / "eval" / "manifest.json").read_text())}
+    if "mt" in sets:
+        peer["mt"] = eval_offline(peer_dir / "eval-mtbench", drafter, verifier, MT_BENCH,
+                                  args.mt_limit)
+        ours["mt"] = json.loads((run_dir / "eval-mtbench" / "manifest.json").read_text())
     t_ours = json.loads((run_dir / "train" / "manifest.json").read_text())["elapsed_s"]
     t_peer = json.loads((peer_dir / "trained.json").read_text())["seconds"]
     shape = f"blocks of {train_cfg.dflash_block_size}" if kind == "dflash" else \
@@ -251,8 +253,9 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
           f"{shape}; offline eval greedy, k = 4")
     dirs = {"gsm8k": (run_dir / "eval", peer_dir / "eval-gsm8k"),
             "mt": (run_dir / "eval-mtbench", peer_dir / "eval-mtbench")}
-    for name, label in (("gsm8k", f"GSM8K test {args.eval_limit}"),
-                        ("mt", f"MT-bench {args.mt_limit or 80}")):
+    labels = {"gsm8k": f"GSM8K test {args.eval_limit}", "mt": f"MT-bench {args.mt_limit or 80}"}
+    for name in sets:
+        label = labels[name]
         a, b = ours[name], peer[name]
         ci = tau_ratio_ci(*(json.loads((d / "results.json").read_text()) for d in dirs[name]))
         pos = lambda m: ", ".join(f"{p:.3f}" for p in m["per_position"])  # noqa: E731

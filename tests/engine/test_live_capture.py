@@ -133,3 +133,59 @@ def test_resumed_run_gives_identical_artifacts(live):
     ratios = compare_sources(DiskSource(out), DiskSource(whole), AUX, H, rel=REL, floor=FLOOR)
     assert max(ratios.values()) <= 1.0
     assert json.loads((out / "manifest.json").read_text())["counts"]["rows_out"] == N_ROWS
+
+
+def _with_vocab(run_dir: Path, verifier: Path) -> Path:
+    """A draft vocabulary of the rows' 2,000 token ids (``d2t`` offsets all 0)."""
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from stubs import write_stub_manifest
+
+    V = json.loads((verifier / "config.json").read_text())["vocab_size"]
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[:2000] = True
+    (run_dir / "vocab").mkdir()
+    save_file({"d2t": torch.zeros(2000, dtype=torch.int64), "t2d": t2d},
+              str(run_dir / "vocab" / "vocab_map.safetensors"))
+    write_stub_manifest(run_dir / "vocab", "vocab")
+    return run_dir
+
+
+def _train_curve(run_dir: Path, verifier: Path, **kw) -> list[tuple[str, int, float]]:
+    from specdraft.extract.live_source import open_live_source
+    from specdraft.train.config import TrainConfig
+    from specdraft.train.run import run as train
+
+    source = {"source": open_live_source} if kw.get("endpoint") else {}
+    train(TrainConfig(**{**dict(
+        run_dir=run_dir, epochs=2, max_steps=6, ttt_steps=2, lr=3e-3, warmup_steps=2,
+        batch_tokens=60, val_fraction=0.25, eval_every=3, save_every=3, log_every=1, seed=3,
+        teacher_check=False, report_to="none", device="cpu", dtype="float32",
+        verifier=str(verifier)), **kw}), **source)
+    lines = (run_dir / "train" / "metrics.jsonl").read_text().splitlines()
+    return [(r["split"], r["step"], r["loss"]) for r in map(json.loads, lines) if "loss" in r]
+
+
+@pytest.mark.timeout(600)
+def test_online_training_from_the_server_equals_training_from_transformers_rows(live):
+    """``train --online --endpoint`` against the real server: the same steps, and every train
+    and validation loss within 1e-3 (relative) of offline training on the transformers
+    backend's extract of the same rows. The states differ by at most one bf16 step per element
+    (the tolerance above), which moves a loss of ~7.6 by ~1e-4 here."""
+    ids, masks = live["rows"]
+    ref = live["root"] / "train-ref"
+    write_prepared(ref, ids, masks)
+    shutil.copytree(live["hf"], ref / "extract")
+    ref_curve = _train_curve(_with_vocab(ref, live["verifier"]), live["verifier"])
+    online = _with_vocab(write_prepared(live["root"] / "train-live", ids, masks),
+                         live["verifier"])
+    curve = _train_curve(online, live["verifier"], online=True, endpoint=[live["url"]],
+                         aux_layers=AUX, online_storage="bf16", endpoint_concurrency=2)
+    assert [c[:2] for c in curve] == [c[:2] for c in ref_curve]
+    assert len([c for c in curve if c[0] == "train"]) == 6 and any(c[0] == "val" for c in curve)
+    assert all(c[2] > 1.0 for c in ref_curve)
+    worst = max(abs(a[2] - b[2]) / b[2] for a, b in zip(curve, ref_curve))
+    assert worst <= 1e-3, (curve, ref_curve)
+    assert not (online / "extract").exists()

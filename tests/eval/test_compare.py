@@ -1,10 +1,11 @@
-"""The paired bootstrap of a τ ratio (specdraft.eval.compare), against values by hand."""
+"""The paired bootstrap of a τ ratio and difference (specdraft.eval.compare), against values
+by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdraft.eval.compare import tau_ratio_ci
+from specdraft.eval.compare import tau_delta_ci, tau_ratio_ci
 
 
 def results(*rows: tuple[str, int, int]) -> dict:
@@ -37,3 +38,15 @@ def test_refuses_different_prompts():
         tau_ratio_ci(results(("p", 3, 1)), results(("q", 3, 1)))
     with pytest.raises(ValueError, match="no per-prompt rows"):
         tau_ratio_ci({"tau": 1.5}, results(("q", 3, 1)))
+
+
+def test_difference_by_hand():
+    # a: tau 20/15 = 4/3, b: tau 20/18 = 10/9 -> +2/9. Paired resamples: {p,p} (1/4) gives
+    # 10/5 - 10/8 = 0.75, {q,q} (1/4) gives 0, {p,q} (1/2) gives +2/9; interval [0, 0.75].
+    a = results(("p", 10, 5), ("q", 10, 10))
+    b = results(("q", 10, 10), ("p", 10, 8))
+    ci = tau_delta_ci(a, b, resamples=4000)
+    assert ci.delta == pytest.approx(2 / 9)
+    assert (ci.low, ci.high) == (pytest.approx(0.0), pytest.approx(0.75))
+    with pytest.raises(ValueError, match="different prompts"):
+        tau_delta_ci(results(("p", 3, 1)), results(("q", 3, 1)))

@@ -20,17 +20,27 @@ from specdraft.pipeline.run import run
 SKIPPED = "skipped (complete)"
 
 
+class Calls(list):
+    """``(stage, verifier=)`` of each stage entry called; ``sources``: ``(stage, source=)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sources: list[tuple[str, object]] = []
+
+
 @pytest.fixture
 def recorder(monkeypatch):
     """Replace stage entries and the verifier loader; return the calls made."""
-    calls: list[tuple[str, object]] = []
+    calls = Calls()
 
     def fake_load(self):
         return SimpleNamespace(spec=self), f"tokenizer of {self.path}"
 
     def load_entry(spec):
-        def entry(cfg, ctx=None, *, verifier=None):  # the stage entry contract: run(config, ctx)
+        def entry(cfg, ctx=None, *, verifier=None, **kw):  # the entry contract: run(config, ctx)
             calls.append((spec.name, verifier))
+            if "source" in kw:
+                calls.sources.append((spec.name, kw["source"]))
             out = Path(cfg.run_dir) / spec.name
             out.mkdir(parents=True, exist_ok=True)
             inputs = {up: input_hash(Path(cfg.run_dir) / up) for up in spec.upstream
@@ -153,3 +163,37 @@ def _with_run_dir(tmp_path: Path, run_dir: Path) -> Path:
     cfg = yaml.safe_load(path.read_text())
     path.write_text(yaml.safe_dump({**cfg, "run_dir": str(run_dir)}))
     return path
+
+
+def test_online_training_needs_no_extract_stage(tmp_path, recorder):
+    """``train.online``: extract is not run (nothing on disk) and the trainer gets the verifier;
+    an extract directory an earlier, offline run left does not make train stale."""
+    offline = run(config(tmp_path, train={"teacher_check": False}), stream=io.StringIO())
+    assert offline["actions"]["extract"] == "ran"
+    recorder.clear()
+    cfg = config(tmp_path, train={"teacher_check": False, "online": True})
+    stream = io.StringIO()
+    first = run(cfg, stream=stream)
+    assert first["actions"]["extract"].startswith("not needed (train is online")
+    assert [name for name, _ in recorder] == ["train", "export", "eval"]
+    assert dict(recorder)["train"] is not None  # online without servers: in this process
+    assert "[run] extract: not needed" in stream.getvalue()
+    again = run(cfg, stream=io.StringIO())["actions"]
+    assert again["train"] == SKIPPED and again["eval"] == SKIPPED
+
+
+def test_running_servers_hold_the_verifier(tmp_path, recorder):
+    """``extract.endpoint`` / ``train.endpoint``: the servers run the verifier, so neither
+    stage loads it here (a 1T-parameter verifier would not fit the client)."""
+    url = ["http://127.0.0.1:9"]
+    run(config(tmp_path, extract={"endpoint": url}, train={"teacher_check": False}),
+        stream=io.StringIO())
+    got = dict(recorder)
+    assert got["extract"] is None and got["train"] is None and got["generate"] is not None
+    recorder.clear()
+    run(config(tmp_path, train={"teacher_check": False, "online": True, "endpoint": url}),
+        stream=io.StringIO())
+    assert dict(recorder)["train"] is None and "extract" not in dict(recorder)
+    from specdraft.extract.live_source import open_live_source
+
+    assert recorder.sources == [("train", open_live_source)]  # as the CLI passes it

@@ -48,6 +48,34 @@ def tau_ratio_ci(a: dict[str, Any], b: dict[str, Any], *, resamples: int = 10_00
 
     Raises ``ValueError`` when the two evals do not hold the same prompt ids or a resample has
     no verify step (an eval of prompts that all stopped at their first token)."""
+    point, low, high, n = _paired(a, b, _ratio, resamples, level, seed)
+    return RatioCI(point, low, high, level, n, resamples)
+
+
+@dataclass(frozen=True)
+class DeltaCI:
+    """τ_a − τ_b (tokens per verify step) on all prompts and its ``level`` interval."""
+
+    delta: float
+    low: float
+    high: float
+    level: float
+    prompts: int
+    resamples: int
+
+
+def tau_delta_ci(a: dict[str, Any], b: dict[str, Any], *, resamples: int = 10_000,
+                 level: float = 0.95, seed: int = 0) -> DeltaCI:
+    """τ of eval ``a`` minus τ of eval ``b`` with the paired percentile-bootstrap interval of
+    :func:`tau_ratio_ci` (the same draws for the same ``seed``); raises as it does."""
+    point, low, high, n = _paired(a, b, _delta, resamples, level, seed)
+    return DeltaCI(point, low, high, level, n, resamples)
+
+
+def _paired(a: dict[str, Any], b: dict[str, Any], stat: Any, resamples: int, level: float,
+            seed: int) -> tuple[float, float, float, int]:
+    """``stat(ca, sa, cb, sb)`` on all prompts and its interval over paired resamples: (point,
+    low, high, prompts)."""
     ids_a, ca, sa = prompt_counts(a)
     ids_b, cb, sb = prompt_counts(b)
     if sorted(ids_a) != sorted(ids_b) or len(set(ids_a)) != len(ids_a):
@@ -56,10 +84,10 @@ def tau_ratio_ci(a: dict[str, Any], b: dict[str, Any], *, resamples: int = 10_00
     order = [ids_b.index(i) for i in ids_a]
     cb, sb = cb[order], sb[order]
     draws = np.random.default_rng(seed).integers(0, len(ids_a), size=(resamples, len(ids_a)))
-    ratios = _ratio(ca[draws].sum(1), sa[draws].sum(1), cb[draws].sum(1), sb[draws].sum(1))
-    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
-    point = _ratio(ca.sum(), sa.sum(), cb.sum(), sb.sum())
-    return RatioCI(float(point), float(low), float(high), level, len(ids_a), resamples)
+    values = stat(ca[draws].sum(1), sa[draws].sum(1), cb[draws].sum(1), sb[draws].sum(1))
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    point = stat(ca.sum(), sa.sum(), cb.sum(), sb.sum())
+    return float(point), float(low), float(high), len(ids_a)
 
 
 def _ratio(ca: Sequence[int] | np.ndarray, sa: Any, cb: Any, sb: Any) -> np.ndarray:
@@ -68,3 +96,11 @@ def _ratio(ca: Sequence[int] | np.ndarray, sa: Any, cb: Any, sb: Any) -> np.ndar
     if (sa == 0).any() or (sb == 0).any():
         raise ValueError("a resample holds no verify step; eval more prompts")
     return (np.asarray(ca) / sa) / (np.asarray(cb) / sb)
+
+
+def _delta(ca: Sequence[int] | np.ndarray, sa: Any, cb: Any, sb: Any) -> np.ndarray:
+    """``ca / sa - cb / sb``, elementwise; ``ValueError`` where a step count is 0."""
+    sa, sb = np.asarray(sa), np.asarray(sb)
+    if (sa == 0).any() or (sb == 0).any():
+        raise ValueError("a resample holds no verify step; eval more prompts")
+    return np.asarray(ca) / sa - np.asarray(cb) / sb

@@ -37,19 +37,21 @@ STATE_FILE = "state.json"
 
 
 def stage_state(run_dir: str, spec: StageSpec, config: StageConfig,
-                started: dict[str, str]) -> str:
+                started: dict[str, str], unused: frozenset[str] = frozenset()) -> str:
     """``"complete"``, ``"partial"`` (resumable), ``"stale"`` (must rerun) or ``"absent"``.
 
     Complete needs the same config hash, the current upstream manifests and, for the user files
     the stage read (prompts, ``--data``), the same content hash as recorded: a prompt file
-    edited in place reruns its stage."""
+    edited in place reruns its stage. ``unused``: stages this run has no use for (their
+    ``not_needed``), whose manifests left by an earlier run are not this stage's inputs."""
     path = RunLayout(run_dir).stage(spec.name)
     manifest = read_manifest(path)
     if manifest is not None:
         recorded = manifest.get("inputs", {})
         layout = RunLayout(run_dir)
         fresh = all(input_hash(layout.stage(up)) in set(recorded.values())
-                    for up in spec.upstream if (layout.stage(up) / MANIFEST).exists())
+                    for up in spec.upstream
+                    if up not in unused and (layout.stage(up) / MANIFEST).exists())
         files_same = all(path_sha256(path) == recorded.get(name)
                          for name, path in spec.input_files(config).items())
         same = manifest.get("config_hash") == config.config_hash()
@@ -120,9 +122,15 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
     verifier = SharedVerifier(stream)
     actions: dict[str, str] = {}
     upstream_ran = False
+    unused = frozenset(s.name for s in STAGES if s.not_needed(config.stages))
     for spec in select_stages(from_stage, until):
         cfg = config.stages[spec.name]
-        state = stage_state(run_dir, spec, cfg, started)
+        why_unused = spec.not_needed(config.stages)
+        if why_unused:
+            actions[spec.name] = f"not needed ({why_unused})"
+            print(f"[run] {spec.name}: not needed, {why_unused}", file=stream)
+            continue
+        state = stage_state(run_dir, spec, cfg, started, unused)
         if state == "complete" and not upstream_ran:
             actions[spec.name] = "skipped (complete)"
             print(f"[run] {spec.name}: complete, skipped", file=stream)
@@ -145,7 +153,7 @@ def _run_stage(spec: StageSpec, cfg: StageConfig, *, resume: bool,
                verifier: SharedVerifier) -> Manifest:
     control = {"resume": resume, "overwrite": not resume}
     cfg = cfg.model_copy(update={k: v for k, v in control.items() if k in type(cfg).model_fields})
-    kwargs = {}
+    kwargs = spec.entry_kwargs(cfg)
     if spec.uses_verifier(cfg):
         model, tokenizer = verifier.get(VerifierSpec.of(cfg), spec.name)
         kwargs["verifier"] = (model, tokenizer) if spec.verifier_arg == "pair" else model

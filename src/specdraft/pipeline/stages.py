@@ -26,7 +26,12 @@ class StageSpec:
     ``input_files(config)`` names the user files it reads, keyed as in its manifest's ``inputs``
     (their content hashes decide, with the config hash, whether it is complete);
     ``outdated(config, manifest)`` gives the reason a complete stage must still rerun because of
-    what this machine now has (e.g. eval's ``engine: auto`` once vLLM is installed), else None.
+    what this machine now has (e.g. eval's ``engine: auto`` once vLLM is installed), else None;
+    ``not_needed(stages)`` (every stage's config by name) gives the reason the run has no use
+    for this stage's artifacts (extract when train is ``online``: the states come from the
+    verifier or the servers at each step, nothing on disk), else None; ``entry_kwargs(config)``
+    are the further keyword arguments its entry takes with that config (train's live source
+    with ``--endpoint``, built where the CLI builds it).
     """
 
     name: str
@@ -37,6 +42,8 @@ class StageSpec:
     verifier_arg: str = "model"
     input_files: Callable[[Any], dict[str, Path]] = lambda c: {}
     outdated: Callable[[Any, dict[str, Any]], str | None] = lambda c, m: None
+    not_needed: Callable[[dict[str, Any]], str | None] = lambda stages: None
+    entry_kwargs: Callable[[Any], dict[str, Any]] = lambda c: {}
 
     def load_config_cls(self) -> type:
         return _resolve(self.config_cls)
@@ -61,10 +68,15 @@ STAGES: tuple[StageSpec, ...] = (
               "specdraft.vocab.run:run", ("prepare",), lambda c: False),
     StageSpec("extract", "specdraft.extract.config:ExtractConfig",
               "specdraft.extract.run:run", ("prepare",),
-              lambda c: c.backend != "vllm"),  # the engine loads its own verifier
+              # the engine, or the running servers (--endpoint), hold the verifier
+              lambda c: c.backend != "vllm" and not c.endpoint,
+              not_needed=lambda s: _train_online(s.get("train"))),
     StageSpec("train", "specdraft.train.config:TrainConfig",
               "specdraft.train.run:run", ("extract", "vocab"),
-              lambda c: bool(c.online) or c.teacher_check),  # the check's fresh forward
+              # online: the verifier in this process, unless servers capture (--endpoint);
+              # the teacher check's fresh forward always runs it here
+              lambda c: (bool(c.online) and not c.endpoint) or c.teacher_check,
+              entry_kwargs=lambda c: _live_source(c.endpoint)),
     StageSpec("export", "specdraft.export.config:ExportConfig",
               "specdraft.export.run:run", ("train",), lambda c: False),
     StageSpec("eval", "specdraft.eval.config:EvalConfig",
@@ -72,6 +84,22 @@ STAGES: tuple[StageSpec, ...] = (
               input_files=lambda c: {"prompts": resolve_path(c.prompts)},
               outdated=lambda c, m: _engine_now_available(c, m)),
 )
+
+
+def _live_source(endpoint: Any) -> dict[str, Any]:
+    """``train --online --endpoint``'s row source (as :mod:`specdraft.cli.train` passes it)."""
+    if not endpoint:
+        return {}
+    from specdraft.extract.live_source import open_live_source
+
+    return {"source": open_live_source}
+
+
+def _train_online(train: Any) -> str | None:
+    if train is None or not train.online:
+        return None
+    where = "the servers" if train.endpoint else "the verifier in the trainer's process"
+    return f"train is online: its hidden states come from {where} at each step, none on disk"
 
 
 def _engine_now_available(config: Any, manifest: dict[str, Any]) -> str | None:

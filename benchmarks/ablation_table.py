@@ -1,0 +1,106 @@
+"""The ablation table of docs/benchmarks.md ("DFlash ablation") from ``bench_quality.py
+--ablation NAME`` run directories: each row against its own baseline on the same prompts.
+
+    python benchmarks/ablation_table.py B/dflash B/dflash-distinct32 ... B/eagle3.1 \
+        B/eagle3.1-focal ... [--set gsm8k] [--seeds B/dflash-s1,B/dflash-s2]
+
+A row's baseline is the run named after its drafter (``dflash`` for every ``dflash-*`` row,
+``eagle3.1`` for ``eagle3.1-*``; :data:`bench_quality.ABLATIONS`), trained on the same
+generate..extract with the same seed. Per row, on GSM8K test (``RUN/eval/results.json``): τ and
+per-position acceptance, Δτ = τ_row − τ_baseline and τ's ratio, each with its paired 95 %
+bootstrap interval over prompts (:func:`specdraft.eval.compare.tau_delta_ci`), the train stage's
+seconds and, for DFlash, how often the verifier's argmax differs from the row's token
+(``verifier_argmax_differs`` of the train manifest). The intervals say what another draw of
+prompts could give, not another training seed: ``--seeds`` lists the baseline trained again
+with other seeds (comma-separated run directories), and their τ spread is printed as the
+training noise to read every Δτ against. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specdraft.eval.compare import tau_delta_ci, tau_ratio_ci
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_quality import ABLATIONS  # noqa: E402
+
+SETS = {"gsm8k": "eval", "mt": "eval-mtbench"}
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def baseline_of(name: str) -> str:
+    """The baseline row of ablation row ``name``: its drafter's own row (``dflash``,
+    ``eagle3.1``); a seed suffix ``-sN`` carries over. ValueError for an unknown name."""
+    base, _, seed = name.rpartition("-s") if name[-3:-1] == "-s" else (name, "", "")
+    key = base if base in ABLATIONS or base == "eagle3.1" else None
+    if key is None:
+        raise ValueError(f"{name}: not an ablation row (bench_quality.ABLATIONS) or eagle3.1")
+    drafter = ABLATIONS[key][0] if key in ABLATIONS else "eagle3.1"
+    return drafter + (f"-s{seed}" if seed else "")
+
+
+def settings(name: str) -> str:
+    base = name[:-3] if name[-3:-1] == "-s" else name
+    if base not in ABLATIONS:
+        return "baseline"
+    _, train, extract = ABLATIONS[base]
+    return ", ".join(f"{k}={v}" for k, v in {**train, **extract}.items()) or "baseline"
+
+
+def table(runs: list[Path], set_name: str = "gsm8k", seeds: list[Path] | None = None) -> str:
+    """The markdown table (module docstring). ValueError naming a row whose baseline is not
+    among ``runs``."""
+    by_name = {r.name: r for r in runs}
+    sub = SETS[set_name]
+    lines = ["| row | settings | τ [per position] | Δτ vs baseline [95 %] | ratio [95 %] | "
+             "train s | argmax ≠ row token |", "|---|---|---|---|---|---|---|"]
+    for run in runs:
+        res = load(run / sub / "results.json")
+        base = baseline_of(run.name)
+        if base not in by_name:
+            raise ValueError(f"{run}: its baseline {base} is not among the runs")
+        pos = ", ".join(f"{p:.3f}" for p in res["per_position"])
+        if base == run.name:
+            delta = ratio = "—"
+        else:
+            ref = load(by_name[base] / sub / "results.json")
+            d, r = tau_delta_ci(res, ref), tau_ratio_ci(res, ref)
+            delta = f"{d.delta:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+            ratio = f"{r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}]"
+        manifest = load(run / "train" / "manifest.json")
+        differs = manifest.get("verifier_argmax_differs")
+        frac = f"{differs['fraction']:.3f}" if isinstance(differs, dict) and \
+            "fraction" in differs else "—"
+        lines.append(f"| {run.name} | {settings(run.name)} | {res['tau']:.3f} [{pos}] | "
+                     f"{delta} | {ratio} | {manifest['elapsed_s']:.0f} | {frac} |")
+    if seeds:
+        taus = [load(r / sub / "results.json")["tau"] for r in seeds]
+        lines.append("")
+        lines.append(f"training noise: τ of the baseline over seeds "
+                     f"{', '.join(f'{t:.3f}' for t in taus)} (spread {max(taus) - min(taus):.3f})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("--set", default="gsm8k", choices=sorted(SETS))
+    ap.add_argument("--seeds", default="", help="the baseline's other-seed runs, "
+                    "comma-separated (their τ spread is printed)")
+    a = ap.parse_args(argv)
+    seeds = [Path(p) for p in a.seeds.split(",") if p]
+    try:
+        print(table(a.runs, a.set, seeds))
+    except ValueError as err:
+        ap.error(str(err))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""``benchmarks/ablation_table.py``: each ablation row against its own drafter's baseline, the
+Δτ by hand from the committed / verify counts, and a row without its baseline refused."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ablation_table  # noqa: E402
+from test_quality_table import make_run  # noqa: E402
+
+
+def test_each_row_against_its_own_baseline(tmp_path):
+    # 4 prompts x 10 verify steps: tau = sum(committed) / 40
+    base = make_run(tmp_path, "dflash", [20, 20, 20, 20])          # tau 2.0
+    dpace = make_run(tmp_path, "dflash-dpace", [22, 22, 22, 22])   # tau 2.2: +0.2 everywhere
+    e31 = make_run(tmp_path, "eagle3.1", [30, 30, 30, 30])         # tau 3.0
+    focal = make_run(tmp_path, "eagle3.1-focal", [27, 27, 27, 27])  # tau 2.7: -0.3
+    s1 = make_run(tmp_path, "dflash-s1", [21, 21, 21, 21], seed=1)
+    m = json.loads((dpace / "train" / "manifest.json").read_text())
+    m["verifier_argmax_differs"] = {"positions": 100, "differ": 7, "fraction": 0.07}
+    (dpace / "train" / "manifest.json").write_text(json.dumps(m))
+    out = ablation_table.table([base, dpace, e31, focal], seeds=[base, s1]).splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line for line in out if line.startswith("| ")}
+    assert "| +0.200 [+0.200, +0.200] | 1.100 [1.100, 1.100] | 12 | 0.070 |" in rows["dflash-dpace"]
+    assert "dflash_weights=dpace" in rows["dflash-dpace"]
+    assert "| -0.300 [-0.300, -0.300] | 0.900 [0.900, 0.900] |" in rows["eagle3.1-focal"]
+    assert "| — | — |" in rows["dflash"] and "| — | — |" in rows["eagle3.1"]
+    assert out[-1].endswith("2.000, 2.100 (spread 0.100)")
+    assert ablation_table.baseline_of("dflash-labels-soft-s2") == "dflash-s2"
+    with pytest.raises(ValueError, match="baseline eagle3.1 is not among"):
+        ablation_table.table([base, focal])
