@@ -32,8 +32,6 @@ DELIBERATE_SKIPS = {
     "train/test_dtype_paths.py": "the cuda parameter: CI has no GPU by design (the GPU paths "
                                  "are benchmarks/gpu_check's, run on a lent machine)",
     "families/test_families.py": "a fault planted on one family's run only, the others skip",
-    "engine/live_kit.py": "opt-in (SPECDRAFT_LIVE_MLA=1, SPECDRAFT_LIVE_TWO=1): a second and "
-                          "third vLLM server start, beyond the CI budget",
 }
 
 

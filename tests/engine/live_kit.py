@@ -1,10 +1,9 @@
 """Shared by the live-server tests (``test_live_*.py``): the server settings they use, one way
-to start a real ``specdraft serve`` under the engine environment, and the opt-in mark."""
+to start a real ``specdraft serve`` under the engine environment."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,12 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "extract"))
 from vllm_helpers import engine_env  # noqa: E402
 
 AUX = (1, 2, 3)
-
-
-def opt_in(variable: str, why: str) -> list[Any]:
-    """Marks of a slow test that runs only with ``variable`` set (``why``: its cost)."""
-    return [pytest.mark.slow, pytest.mark.skipif(not os.environ.get(variable),
-                                                 reason=f"opt-in ({variable}=1): {why}")]
 
 
 def serve_config(run_dir: Path, verifier: Path, **extra: Any) -> Any:

@@ -3,8 +3,7 @@ vLLM 0.32's CPU server (its reference MLA backend, ``--attention-backend CPU_MLA
 for float32), then ``extract --endpoint`` through it: every row and aux layer within one bf16
 step of the transformers backend (tolerance as ``test_live_capture.py``).
 
-Opt-in (``SPECDRAFT_LIVE_MLA=1``): a second server start (~2 min on 2 shared cores) is beyond
-the CI budget that ``test_live_capture.py`` already spends on the Llama server.
+A second server start (~2 min on 2 shared cores), in CI with the slow tests.
 """
 
 from __future__ import annotations
@@ -21,9 +20,9 @@ from kimi_fixture import HIDDEN, make_kimi_verifier  # noqa: E402
 from vllm_helpers import compare_sources  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from live_kit import AUX, opt_in, serve_config, served  # noqa: E402
+from live_kit import AUX, serve_config, served  # noqa: E402
 
-pytestmark = opt_in("SPECDRAFT_LIVE_MLA", "a second vLLM server start, beyond the CI budget")
+pytestmark = pytest.mark.slow
 N_ROWS = 6
 
 
