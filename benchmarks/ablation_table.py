@@ -13,7 +13,8 @@ seconds and, for DFlash, how often the verifier's argmax differs from the row's 
 (``verifier_argmax_differs`` of the train manifest). The intervals say what another draw of
 prompts could give, not another training seed: ``--seeds`` lists the baseline trained again
 with other seeds (comma-separated run directories), and their τ spread is printed as the
-training noise to read every Δτ against. Prints a markdown table.
+training noise to read every Δτ against, and a row trained with several seeds gets its Δτ per
+seed, each against the baseline of the same seed, and their mean. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -76,16 +77,40 @@ def table(runs: list[Path], set_name: str = "gsm8k", seeds: list[Path] | None = 
             ratio = f"{r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}]"
         manifest = load(run / "train" / "manifest.json")
         differs = manifest.get("verifier_argmax_differs")
-        frac = f"{differs['fraction']:.3f}" if isinstance(differs, dict) and \
+        frac = f"{differs['fraction']:.4f}" if isinstance(differs, dict) and \
             "fraction" in differs else "—"
         lines.append(f"| {run.name} | {settings(run.name)} | {res['tau']:.3f} [{pos}] | "
                      f"{delta} | {ratio} | {manifest['elapsed_s']:.0f} | {frac} |")
+    lines += seed_lines(runs, sub)
     if seeds:
         taus = [load(r / sub / "results.json")["tau"] for r in seeds]
         lines.append("")
         lines.append(f"training noise: τ of the baseline over seeds "
                      f"{', '.join(f'{t:.3f}' for t in taus)} (spread {max(taus) - min(taus):.3f})")
     return "\n".join(lines)
+
+
+def seed_lines(runs: list[Path], sub: str) -> list[str]:
+    """For each row trained with two or more seeds (``NAME``, ``NAME-s1``, ...) whose baseline
+    has the same seeds among ``runs``: Δτ per seed, each against the baseline of that seed, and
+    their mean. Training noise moves τ as much as many settings do at small sizes, so a
+    setting's effect is read from these, not from one seed's interval over prompts."""
+    by_name = {r.name: r for r in runs}
+    groups: dict[str, list[str]] = {}
+    for name in by_name:
+        row = name[:-3] if name[-3:-1] == "-s" else name
+        groups.setdefault(row, []).append(name)
+    out = []
+    for row, names in groups.items():
+        pairs = [(n, baseline_of(n)) for n in sorted(names)]
+        pairs = [(n, b) for n, b in pairs if b in by_name and b != n]
+        if len(pairs) < 2:
+            continue
+        deltas = [load(by_name[n] / sub / "results.json")["tau"]
+                  - load(by_name[b] / sub / "results.json")["tau"] for n, b in pairs]
+        per = ", ".join(f"{d:+.3f} ({n})" for d, (n, _) in zip(deltas, pairs))
+        out.append(f"{row}: Δτ per seed {per}; mean {sum(deltas) / len(deltas):+.3f}")
+    return [""] + out if out else []
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,7 +28,7 @@ def test_each_row_against_its_own_baseline(tmp_path):
     (dpace / "train" / "manifest.json").write_text(json.dumps(m))
     out = ablation_table.table([base, dpace, e31, focal], seeds=[base, s1]).splitlines()
     rows = {line.split(" | ")[0].strip("| "): line for line in out if line.startswith("| ")}
-    assert "| +0.200 [+0.200, +0.200] | 1.100 [1.100, 1.100] | 12 | 0.070 |" in rows["dflash-dpace"]
+    assert "| +0.200 [+0.200, +0.200] | 1.100 [1.100, 1.100] | 12 | 0.0700 |" in rows["dflash-dpace"]
     assert "dflash_weights=dpace" in rows["dflash-dpace"]
     assert "| -0.300 [-0.300, -0.300] | 0.900 [0.900, 0.900] |" in rows["eagle3.1-focal"]
     assert "| — | — |" in rows["dflash"] and "| — | — |" in rows["eagle3.1"]
@@ -36,3 +36,13 @@ def test_each_row_against_its_own_baseline(tmp_path):
     assert ablation_table.baseline_of("dflash-labels-soft-s2") == "dflash-s2"
     with pytest.raises(ValueError, match="baseline eagle3.1 is not among"):
         ablation_table.table([base, focal])
+
+
+def test_a_row_over_seeds_against_the_baseline_of_each_seed(tmp_path):
+    runs = [make_run(tmp_path, "dflash", [20] * 4),                     # 2.0
+            make_run(tmp_path, "dflash-s1", [24] * 4, seed=1),          # 2.4
+            make_run(tmp_path, "dflash-dpace", [22] * 4),               # 2.2: +0.2
+            make_run(tmp_path, "dflash-dpace-s1", [23] * 4, seed=1)]    # 2.3: -0.1 vs 2.4
+    out = ablation_table.table(runs).splitlines()
+    assert out[-1] == "dflash-dpace: Δτ per seed +0.200 (dflash-dpace), -0.100 " \
+                      "(dflash-dpace-s1); mean +0.050"
