@@ -22,6 +22,7 @@ def test_each_ablation_row_is_a_valid_config(tmp_path, name):
     drafter, train, extract = bench_quality.ABLATIONS[name]
     cfg = bench_quality.ablation_config(tmp_path / "run", name)
     base = bench_quality.pipeline_yaml(tmp_path / "run", drafter=drafter)
+    base["train"].update(bench_quality.ABLATION_BASE.get(drafter, {}))  # the pinned baseline
     changed = {k for k in cfg["train"] if cfg["train"][k] != base["train"].get(k)}
     assert changed == set(train)  # exactly its own train settings
     assert {k for k in cfg["extract"] if cfg["extract"][k] != base["extract"].get(k)} == \
@@ -35,7 +36,8 @@ def test_each_ablation_row_is_a_valid_config(tmp_path, name):
 
 
 def test_baseline_rows_keep_todays_defaults(tmp_path):
-    """The ``dflash`` row is the DFlash of the 2026-12-04 tables: no new setting."""
+    """The ``dflash`` row is the DFlash of the 2026-12-04 tables: no new setting, and the
+    slot weights pinned to ``exp`` though D-PACE is the default now."""
     from specdraft.train.config import TrainConfig
 
     cfg = bench_quality.ablation_config(tmp_path, "dflash")

@@ -241,9 +241,16 @@ def test_dflash_options_are_dflash_only_and_terms_shared(tmp_path):
     with pytest.raises(ValidationError, match="--loss-focal-gamma is read only with"):
         TrainConfig(run_dir=tmp_path, loss_focal_gamma=1.0)
     with pytest.raises(ValidationError, match="--dflash-dpace-alpha is read only with"):
-        TrainConfig(run_dir=tmp_path, drafter="dflash", dflash_dpace_alpha=0.3)
-    TrainConfig(run_dir=tmp_path, drafter="dflash", dflash_weights="dpace",
-                dflash_dpace_alpha=0.3, loss_focal_weight=1.0, loss_focal_gamma=0.0)
+        TrainConfig(run_dir=tmp_path, drafter="dflash", dflash_weights="exp",
+                    dflash_dpace_alpha=0.3)
+    with pytest.raises(ValidationError, match="--dflash-gamma is read only with "
+                                              "--dflash-weights exp"):
+        TrainConfig(run_dir=tmp_path, drafter="dflash", dflash_gamma=3.0)  # D-PACE: no gamma
+    TrainConfig(run_dir=tmp_path, drafter="dflash", dflash_weights="exp", dflash_gamma=3.0)
+    # D-PACE is the default (docs/benchmarks.md "DFlash ablation", 2026-12-05)
+    assert TrainConfig(run_dir=tmp_path, drafter="dflash").dflash_weights == "dpace"
+    TrainConfig(run_dir=tmp_path, drafter="dflash", dflash_dpace_alpha=0.3,
+                loss_focal_weight=1.0, loss_focal_gamma=0.0)
 
 
 def test_training_with_every_new_setting(run_dir, verifier, source):

@@ -96,7 +96,8 @@ class TrainConfig(StageConfig):
     dflash_layers: int = Field(2, ge=1, description="DFlash: the drafter's decoder layers.")
     dflash_anchors: int = Field(32, ge=1, description="DFlash: blocks drawn per row per step "
                                                       "(anchors among supervised positions).")
-    dflash_gamma: float | None = Field(None, gt=0, description="DFlash: slot j's loss weight is "
+    dflash_gamma: float | None = Field(None, gt=0, description="DFlash --dflash-weights exp: "
+                                                               "slot j's loss weight is "
                                                                "exp(-(j-1)/gamma) (none: "
                                                                "block size / 2).")
     dflash_mask_token_id: int | None = Field(None, ge=0, description="DFlash: the mask slots' "
@@ -110,10 +111,11 @@ class TrainConfig(StageConfig):
                                    "per row, only where vLLM anchors: a generated token, "
                                    "loss_mask[a] == 1, whose next token is supervised).")
     dflash_weights: Literal["exp", "dpace"] = Field(
-        "exp", description="DFlash slot weights: exp (exp(-(j-1)/gamma)) or dpace (D-PACE, "
-                           "arXiv 2605.18810: each slot weighted by the expected accepted "
-                           "length it can still add, from the drafter's own detached "
-                           "probabilities; docs/drafters.md).")
+        "dpace", description="DFlash slot weights: dpace (D-PACE, arXiv 2605.18810: each slot "
+                             "weighted by the expected accepted length it can still add, from "
+                             "the drafter's own detached probabilities; the default since "
+                             "2026-12-05, docs/benchmarks.md 'DFlash ablation') or exp "
+                             "(exp(-(j-1)/gamma), the recipe before).")
     dflash_dpace_alpha: float = Field(0.5, gt=0, le=1, description="DFlash --dflash-weights "
                                                                    "dpace: confidence smoothing "
                                                                    "(1 - alpha) p + alpha.")
@@ -223,11 +225,12 @@ class TrainConfig(StageConfig):
                  if getattr(self, f) != type(self).model_fields[f].default}
         # each kind's own options (its row of specdraft.kinds): another kind's, set, is refused
         # (a setting silently ignored would train something else than asked)
-        idle = {"dflash_dpace_alpha": self.dflash_weights != "dpace",  # a knob of an unused
-                "loss_focal_gamma": self.loss_focal_weight == 0}  # setting: said, not ignored
-        for name in sorted(f for f in given if idle.get(f)):
-            needs = "--dflash-weights dpace" if name == "dflash_dpace_alpha" else \
-                "--loss-focal-weight > 0"
+        # a knob of an unused setting: said, not ignored
+        idle = {"dflash_dpace_alpha": (self.dflash_weights != "dpace", "--dflash-weights dpace"),
+                "dflash_gamma": (self.dflash_weights != "exp", "--dflash-weights exp"),
+                "loss_focal_gamma": (self.loss_focal_weight == 0, "--loss-focal-weight > 0")}
+        for name in sorted(f for f in given if idle.get(f, (False,))[0]):
+            needs = idle[name][1]
             raise ValueError(f"--{name.replace('_', '-')} is read only with {needs}")
         other = sorted(kinds.other_kinds_options(self.drafter) & given)
         if other:
