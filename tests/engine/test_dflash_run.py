@@ -15,6 +15,8 @@ one (the drafter reads other layers than it was trained on). Measured: good [1.0
 0.86] (τ 4.57) on two machines; ids + 1 gave position 1 below 0.85 on an AVX-512 CPU but 0.9
 on an AMX one ([0.9, 0.78, 0.6, 0.52], τ 3.80): adjacent layers of this 8-layer verifier are
 alike enough that the first token survives, the block does not, so the gate is on τ.
+Those figures were measured with the `exp` slot weights; the D-PACE default (2026-12-05)
+passes the same gate with vLLM's counts identical to offline (run 2026-12-05).
 
 A causal mask inside the block is NOT caught by this gate, measured: the memorised drafter
 drafts the same tokens causal or not (per position [1.0, 0.86, 0.86, 0.86] both ways). The
