@@ -57,7 +57,7 @@ def settings(name: str) -> str:
 
 def table(runs: list[Path], set_name: str = "gsm8k", seeds: list[Path] | None = None) -> str:
     """The markdown table (module docstring). ValueError naming a row whose baseline is not
-    among ``runs``."""
+    among ``runs`` (a seed row ``NAME-sN`` without ``BASELINE-sN`` is shown without Δτ)."""
     by_name = {r.name: r for r in runs}
     sub = SETS[set_name]
     lines = ["| row | settings | τ [per position] | Δτ vs baseline [95 %] | ratio [95 %] | "
@@ -65,11 +65,11 @@ def table(runs: list[Path], set_name: str = "gsm8k", seeds: list[Path] | None = 
     for run in runs:
         res = load(run / sub / "results.json")
         base = baseline_of(run.name)
-        if base not in by_name:
+        if base not in by_name and base[-3:-1] != "-s":
             raise ValueError(f"{run}: its baseline {base} is not among the runs")
         pos = ", ".join(f"{p:.3f}" for p in res["per_position"])
-        if base == run.name:
-            delta = ratio = "—"
+        if base == run.name or base not in by_name:  # a baseline, or a seed with none of its own
+            delta = ratio = "—" if base == run.name else f"no {base}"
         else:
             ref = load(by_name[base] / sub / "results.json")
             d, r = tau_delta_ci(res, ref), tau_ratio_ci(res, ref)

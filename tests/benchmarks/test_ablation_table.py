@@ -46,3 +46,10 @@ def test_a_row_over_seeds_against_the_baseline_of_each_seed(tmp_path):
     out = ablation_table.table(runs).splitlines()
     assert out[-1] == "dflash-dpace: Δτ per seed +0.200 (dflash-dpace), -0.100 " \
                       "(dflash-dpace-s1); mean +0.050"
+
+
+def test_a_seed_row_without_its_seeds_baseline_is_shown_without_delta(tmp_path):
+    runs = [make_run(tmp_path, "dflash", [20] * 4),
+            make_run(tmp_path, "dflash-dpace-s2", [22] * 4, seed=2)]
+    row = [line for line in ablation_table.table(runs).splitlines() if "dpace-s2" in line][0]
+    assert "| no dflash-s2 | no dflash-s2 |" in row
