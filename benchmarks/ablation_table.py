@@ -36,19 +36,23 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def split_seed(name: str) -> tuple[str, str]:
+    """``("dflash-dpace", "1")`` for ``dflash-dpace-s1``; ``(name, "")`` without a seed suffix."""
+    return (name[:-3], name[-1]) if name[-3:-1] == "-s" else (name, "")
+
+
 def baseline_of(name: str) -> str:
     """The baseline row of ablation row ``name``: its drafter's own row (``dflash``,
     ``eagle3.1``); a seed suffix ``-sN`` carries over. ValueError for an unknown name."""
-    base, _, seed = name.rpartition("-s") if name[-3:-1] == "-s" else (name, "", "")
-    key = base if base in ABLATIONS or base == "eagle3.1" else None
-    if key is None:
+    base, seed = split_seed(name)
+    if base not in ABLATIONS and base != "eagle3.1":
         raise ValueError(f"{name}: not an ablation row (bench_quality.ABLATIONS) or eagle3.1")
-    drafter = ABLATIONS[key][0] if key in ABLATIONS else "eagle3.1"
+    drafter = ABLATIONS[base][0] if base in ABLATIONS else "eagle3.1"
     return drafter + (f"-s{seed}" if seed else "")
 
 
 def settings(name: str) -> str:
-    base = name[:-3] if name[-3:-1] == "-s" else name
+    base = split_seed(name)[0]
     if base not in ABLATIONS:
         return "baseline"
     _, train, extract = ABLATIONS[base]
@@ -65,7 +69,7 @@ def table(runs: list[Path], set_name: str = "gsm8k", seeds: list[Path] | None = 
     for run in runs:
         res = load(run / sub / "results.json")
         base = baseline_of(run.name)
-        if base not in by_name and base[-3:-1] != "-s":
+        if base not in by_name and not split_seed(base)[1]:
             raise ValueError(f"{run}: its baseline {base} is not among the runs")
         pos = ", ".join(f"{p:.3f}" for p in res["per_position"])
         if base == run.name or base not in by_name:  # a baseline, or a seed with none of its own
@@ -98,8 +102,7 @@ def seed_lines(runs: list[Path], sub: str) -> list[str]:
     by_name = {r.name: r for r in runs}
     groups: dict[str, list[str]] = {}
     for name in by_name:
-        row = name[:-3] if name[-3:-1] == "-s" else name
-        groups.setdefault(row, []).append(name)
+        groups.setdefault(split_seed(name)[0], []).append(name)
     out = []
     for row, names in groups.items():
         pairs = [(n, baseline_of(n)) for n in sorted(names)]

@@ -122,15 +122,14 @@ def run(config: PipelineConfig, *, from_stage: str | None = None, until: str | N
     verifier = SharedVerifier(stream)
     actions: dict[str, str] = {}
     upstream_ran = False
-    unused = frozenset(s.name for s in STAGES if s.not_needed(config.stages))
+    unused = {s.name: why for s in STAGES if (why := s.not_needed(config.stages))}
     for spec in select_stages(from_stage, until):
         cfg = config.stages[spec.name]
-        why_unused = spec.not_needed(config.stages)
-        if why_unused:
-            actions[spec.name] = f"not needed ({why_unused})"
-            print(f"[run] {spec.name}: not needed, {why_unused}", file=stream)
+        if spec.name in unused:
+            actions[spec.name] = f"not needed ({unused[spec.name]})"
+            print(f"[run] {spec.name}: not needed, {unused[spec.name]}", file=stream)
             continue
-        state = stage_state(run_dir, spec, cfg, started, unused)
+        state = stage_state(run_dir, spec, cfg, started, frozenset(unused))
         if state == "complete" and not upstream_ran:
             actions[spec.name] = "skipped (complete)"
             print(f"[run] {spec.name}: complete, skipped", file=stream)
