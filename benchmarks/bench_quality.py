@@ -15,6 +15,14 @@ states (``benchmarks/peer_quality.py``), evals it the same way and prints each Ï
 95 % interval over prompts. ``--seed N --from train`` on a copy of a run's generate..extract
 retrains both on the same data with another seed: the training noise.
 
+Equal training wall-clock (docs/benchmarks.md, 2026-12-06), each step alone on the machine::
+
+    python benchmarks/bench_quality.py --run-dir B/e31 --drafter eagle3.1 --until export \
+        --peer --peer-kind eagle3-defaults --peer-train-only   # both trainers; prints N
+    python benchmarks/bench_quality.py --run-dir B/e31 --drafter eagle3.1 --until export \
+        --peer --peer-kind eagle3-defaults                     # then the peer's evals
+    python benchmarks/bench_quality.py --run-dir B/e31-n --from train --drafter eagle3.1 --epochs N
+
 Rerunning with the same --run-dir skips complete stages (``specdraft run`` rules).
 """
 
@@ -199,6 +207,8 @@ def main() -> None:
     ap.add_argument("--drafter", default="eagle3", choices=sorted(DRAFTERS),
                     help="which drafter specdraft trains (docs/drafters.md); with --from train "
                     "on a copy of another run's generate..extract: the same data")
+    ap.add_argument("--until", default=None, help="stop specdraft's pipeline after this "
+                    "stage (e.g. export: train without evaluating; no MT-bench eval either)")
     ap.add_argument("--ablation", default=None, choices=sorted(ABLATIONS),
                     help="one row of the DFlash/acceptance ablation (ABLATIONS: its drafter and "
                     "settings; replaces --drafter), e.g. with --from train on a copy of the "
@@ -217,6 +227,10 @@ def main() -> None:
                     "eagle3 with specdraft's default EAGLE-3 architecture, its EAGLE-3 with its "
                     "own default norms, or its DFlash (on a --drafter dflash run: same layers, "
                     "block, mask token)")
+    ap.add_argument("--peer-train-only", action="store_true", help="with --peer: train the "
+                    "peer and stop; prints both trainers' train seconds and the epochs of "
+                    "specdraft's trainer that fit in the peer's (run it alone on the machine: "
+                    "the equal-wall-clock budget)")
     args = ap.parse_args()
 
     from specdraft.core.verifier import VerifierSpec
@@ -240,18 +254,32 @@ def main() -> None:
     cfg_path.write_text(yaml.safe_dump(cfg))
     config = PipelineConfig.from_yaml(cfg_path)
     t0 = time.monotonic()
-    manifest = run(config, from_stage=args.from_stage or ("prepare" if args.chats else None))
+    manifest = run(config, from_stage=args.from_stage or ("prepare" if args.chats else None),
+                   until=args.until)
     t_mt = time.monotonic()
     eval_cfg = config.stages["eval"]
     verifier = SharedVerifier(sys.stderr).get(VerifierSpec.of(eval_cfg), "eval")[0]
-    mt = None if args.mt_limit == 0 else \
-        eval_mtbench(args.run_dir, Path(config.stages["eval"].drafter), verifier, args.mt_limit)
-    t_end = time.monotonic()
-    report(args, manifest, mt, pipeline_s=t_mt - t0, mtbench_s=t_end - t_mt)
+    if args.until in (None, "eval"):
+        mt = None if args.mt_limit == 0 else \
+            eval_mtbench(args.run_dir, Path(eval_cfg.drafter), verifier, args.mt_limit)
+        report(args, manifest, mt, pipeline_s=t_mt - t0, mtbench_s=time.monotonic() - t_mt)
     if args.peer:
         from peer_quality import run_peer
 
         run_peer(args, config, verifier)
+
+
+def wallclock_epochs(epochs: int, own_s: float, peer_s: float) -> int:
+    """How many epochs of specdraft's trainer fit in the peer's training wall-clock: the largest
+    whole N with N * own_s / epochs <= peer_s, where ``own_s`` (s) is specdraft's train stage for
+    ``epochs`` epochs and ``peer_s`` (s) the peer's whole training process (imports, validation
+    and checkpoints included), both measured alone on the same machine (docs/benchmarks.md,
+    "equal training wall-clock"). 0 when one epoch of specdraft's already takes longer.
+    ValueError on a non-positive time or epoch count."""
+    if epochs < 1 or own_s <= 0 or peer_s <= 0:
+        raise ValueError(f"wallclock_epochs: epochs {epochs}, own {own_s} s, peer {peer_s} s: "
+                         "each must be positive")
+    return int(peer_s * epochs / own_s + 1e-9)
 
 
 def report(args, manifest: dict, mt: dict, *, pipeline_s: float, mtbench_s: float) -> None:

@@ -226,7 +226,9 @@ def eval_ready(ckpt: Path, out: Path) -> Path:
 
 def run_peer(args: Any, config: Any, verifier: Any) -> None:
     """Convert, train the peer (``args.peer_kind``), eval both drafters' figures side by side
-    (module docstring)."""
+    (module docstring). ``args.peer_train_only``: stop after training, printing both train
+    times and :func:`bench_quality.wallclock_epochs`; specdraft's drafter not evaluated in
+    ``RUN`` (``--until`` before eval): the peer's figures alone."""
     from bench_quality import GSM8K_TEST, MT_BENCH, eval_offline
 
     run_dir, kind = args.run_dir, args.peer_kind
@@ -234,18 +236,34 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
     train_cfg = config.stages["train"]
     data, vdir, ratio, n_train = convert(run_dir, train_cfg, verifier)
     ckpt = train_peer(run_dir, train_cfg, data, vdir, ratio, kind)
+    t_ours = json.loads((run_dir / "train" / "manifest.json").read_text())["elapsed_s"]
+    t_peer = json.loads((peer_dir / "trained.json").read_text())["seconds"]
+    if args.peer_train_only:
+        from bench_quality import wallclock_epochs
+
+        n = wallclock_epochs(train_cfg.epochs, t_ours, t_peer)
+        print(f"\nbench_quality --peer-train-only: {train_cfg.epochs} epochs each; train wall "
+              f"time (s) specdraft {t_ours:.0f} (its train stage), speculators ({kind}) "
+              f"{t_peer:.0f} (its process, imports included): specdraft's trainer fits {n} "
+              f"epochs in the peer's time (valid as a budget only if both ran alone)")
+        return
     drafter = dflash_eval_ready(ckpt, peer_dir / "drafter", verifier.config.num_hidden_layers) \
         if kind == "dflash" else eval_ready(ckpt, peer_dir / "drafter")
     sets = ("gsm8k",) if args.mt_limit == 0 else ("gsm8k", "mt")  # --mt-limit 0: no MT-bench
     peer = {"gsm8k": eval_offline(peer_dir / "eval-gsm8k", drafter, verifier,
                                   GSM8K_TEST, args.eval_limit)}
-    ours = {"gsm8k": json.loads((run_dir / "eval" / "manifest.json").read_text())}
     if "mt" in sets:
         peer["mt"] = eval_offline(peer_dir / "eval-mtbench", drafter, verifier, MT_BENCH,
                                   args.mt_limit)
+    if not (run_dir / "eval" / "manifest.json").exists():  # --until before eval: peer alone
+        for name, m in peer.items():
+            print(f"bench_quality --peer: speculators ({kind}) {name} tau {m['tau']:.3f} "
+                  f"{[round(p, 3) for p in m['per_position']]} (specdraft's drafter of this run "
+                  "not evaluated: compare with quality_table.py)")
+        return
+    ours = {"gsm8k": json.loads((run_dir / "eval" / "manifest.json").read_text())}
+    if "mt" in sets:
         ours["mt"] = json.loads((run_dir / "eval-mtbench" / "manifest.json").read_text())
-    t_ours = json.loads((run_dir / "train" / "manifest.json").read_text())["elapsed_s"]
-    t_peer = json.loads((peer_dir / "trained.json").read_text())["seconds"]
     shape = f"blocks of {train_cfg.dflash_block_size}" if kind == "dflash" else \
         f"TTT {train_cfg.ttt_steps}"
     print(f"\nbench_quality --peer: speculators 0.9.0 ({kind}) on the same {n_train} training "

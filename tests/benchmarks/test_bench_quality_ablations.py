@@ -63,3 +63,13 @@ def test_set_items_are_parsed_or_refused():
     assert cfg["extract"]["aux_layers"] == [2, 28]
     with pytest.raises(ValueError, match="--train-set 'oops'"):
         bench_quality.apply_sets(cfg, "train", ["oops"])
+
+
+def test_wallclock_epochs_by_hand():
+    """2026-12-06's alone figures: specdraft 401.6 s for 2 epochs (200.8 s each), the peer
+    972.1 s: 4 epochs fit (803 s), 5 would not (1004 s). A tie fits; a bad time is refused."""
+    assert bench_quality.wallclock_epochs(2, 401.6, 972.1) == 4
+    assert bench_quality.wallclock_epochs(2, 400.0, 1000.0) == 5  # exactly 5 x 200 s
+    assert bench_quality.wallclock_epochs(3, 900.0, 250.0) == 0
+    with pytest.raises(ValueError, match="positive"):
+        bench_quality.wallclock_epochs(2, 0.0, 10.0)
