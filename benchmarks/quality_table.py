@@ -20,7 +20,10 @@ B row names, or comma-separated lists of them, one pair per training seed), writ
     python benchmarks/quality_table.py B/eagle3 B/dflash B/e31-3ep --peer B/eagle3 \
         --peer B/dflash/peer-dflash \
         --headline dflash_vs_peer_dflash_equal_epochs dflash spec:dflash \
-        --headline best_vs_peer_best_equal_wallclock e31-3ep spec:dflash
+        --headline best_vs_peer_best_equal_wallclock e31-3ep spec:dflash \
+        --note best_vs_peer_best_equal_wallclock "how the budget was measured" --note size "..."
+
+``--note KEY TEXT`` puts TEXT in the JSON: in headline KEY, or at the top level under KEY.
 """
 
 from __future__ import annotations
@@ -104,12 +107,13 @@ def git_commit() -> str:
 
 
 def write_json(path: Path, heads: dict[str, dict], *, commit: str | None = None,
-               date: str | None = None) -> dict[str, Any]:
+               date: str | None = None, notes: dict[str, str] | None = None) -> dict[str, Any]:
     """Write the headline comparisons to ``path`` (``{"date", "commit", "seeds", NAME: ...}``,
-    ``seeds`` the sorted training seeds of every headline's drafter rows); returns it."""
+    ``seeds`` the sorted training seeds of every headline's drafter rows; ``notes``: more
+    top-level keys, e.g. ``size``); returns it."""
     seeds = sorted({s for h in heads.values() for s in h["seeds"] if s is not None})
     doc = {"date": date or datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-           "commit": commit or git_commit(), "seeds": seeds, **heads}
+           "commit": commit or git_commit(), "seeds": seeds, **heads, **(notes or {})}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return doc
@@ -148,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
                     metavar=("NAME", "A", "B"), help=f"a headline comparison for the JSON: "
                     f"NAME in {', '.join(HEADLINES)}; A, B row names (comma-separated: one "
                     f"pair per seed)")
+    ap.add_argument("--note", nargs=2, action="append", default=[], metavar=("KEY", "TEXT"),
+                    help="a note in the JSON: KEY a --headline NAME (the note goes in that "
+                    "comparison) or a top-level key (e.g. size)")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "quality-latest.json",
                     help="where --headline writes (default docs/quality-latest.json)")
     a = ap.parse_args(argv)
@@ -162,7 +169,15 @@ def main(argv: list[str] | None = None) -> None:
             heads = {name: headline(rows, name, x, y, seeds) for name, x, y in a.headline}
         except ValueError as err:
             ap.error(str(err))
-        write_json(a.json, heads)
+        top = {}
+        for key, text in a.note:
+            if key in heads:
+                heads[key]["note"] = text
+            elif key in HEADLINES or key in ("date", "commit", "seeds"):
+                ap.error(f"--note {key}: not a --headline of this call, nor a free key")
+            else:
+                top[key] = text
+        write_json(a.json, heads, notes=top)
         print(f"\nheadline -> {a.json}")
 
 

@@ -54,10 +54,15 @@ def test_headline_json_by_hand(tmp_path, capsys):
                         "--headline", "dflash_vs_peer_dflash_equal_epochs", "dflash",
                         "spec:dflash",
                         "--headline", "best_vs_peer_best_equal_wallclock", "e31-3ep",
-                        "spec:dflash", "--json", str(out)])
+                        "spec:dflash", "--json", str(out),
+                        "--note", "best_vs_peer_best_equal_wallclock", "4 epochs for 2",
+                        "--note", "size", "full"])
     doc = json.loads(out.read_text())
     assert set(doc) == {"date", "commit", "seeds", "dflash_vs_peer_dflash_equal_epochs",
-                        "best_vs_peer_best_equal_wallclock"}
+                        "best_vs_peer_best_equal_wallclock", "size"}
+    assert doc["size"] == "full"
+    assert doc["best_vs_peer_best_equal_wallclock"]["note"] == "4 epochs for 2"
+    assert "note" not in doc["dflash_vs_peer_dflash_equal_epochs"]
     assert doc["seeds"] == [1] and len(doc["date"]) == 10
     d = doc["dflash_vs_peer_dflash_equal_epochs"]
     assert d["drafter"] == ["dflash"] and d["peer"] == ["spec:dflash"]
@@ -94,4 +99,8 @@ def test_unknown_row_or_name_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         quality_table.main([str(run), "--headline", "not_a_headline", "dflash", "dflash",
                             "--json", str(tmp_path / "q.json")])
+    with pytest.raises(SystemExit):  # a note on a headline this call does not write
+        quality_table.main([str(run), "--headline", "dflash_vs_peer_dflash_equal_epochs",
+                            "dflash", "dflash", "--note", "best_vs_peer_best_equal_wallclock",
+                            "x", "--json", str(tmp_path / "q.json")])
     assert not (tmp_path / "q.json").exists()
