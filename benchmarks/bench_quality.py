@@ -232,6 +232,11 @@ def main() -> None:
                     "specdraft's trainer that fit in the peer's (run it alone on the machine: "
                     "the equal-wall-clock budget)")
     args = ap.parse_args()
+    if args.peer and args.until in ("generate", "prepare", "vocab", "extract"):
+        ap.error(f"--peer needs specdraft's train stage (its steps and drafter): --until "
+                 f"{args.until} stops before it")
+    if args.peer_train_only and not args.peer:
+        ap.error("--peer-train-only needs --peer")
 
     from specdraft.core.verifier import VerifierSpec
     from specdraft.pipeline.config import PipelineConfig
