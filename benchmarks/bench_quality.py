@@ -232,7 +232,11 @@ def main() -> None:
                     "specdraft's trainer that fit in the peer's (run it alone on the machine: "
                     "the equal-wall-clock budget)")
     args = ap.parse_args()
-    if args.peer and args.until in ("generate", "prepare", "vocab", "extract"):
+    from specdraft.pipeline.stages import STAGE_NAMES
+
+    if args.until is not None and args.until not in STAGE_NAMES:
+        ap.error(f"--until {args.until}: not a stage ({', '.join(STAGE_NAMES)})")
+    if args.peer and args.until and STAGE_NAMES.index(args.until) < STAGE_NAMES.index("train"):
         ap.error(f"--peer needs specdraft's train stage (its steps and drafter): --until "
                  f"{args.until} stops before it")
     if args.peer_train_only and not args.peer:
