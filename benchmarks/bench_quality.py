@@ -18,10 +18,12 @@ retrains both on the same data with another seed: the training noise.
 Equal training wall-clock (docs/benchmarks.md, 2026-12-06), each step alone on the machine::
 
     python benchmarks/bench_quality.py --run-dir B/e31 --drafter eagle3.1 --until export \
-        --peer --peer-kind eagle3-defaults --peer-train-only   # both trainers; prints N
+        --peer --peer-kind eagle3-defaults --peer-train-only   # both trainers; prints N, S
     python benchmarks/bench_quality.py --run-dir B/e31 --drafter eagle3.1 --until export \
         --peer --peer-kind eagle3-defaults                     # then the peer's evals
     python benchmarks/bench_quality.py --run-dir B/e31-n --from train --drafter eagle3.1 --epochs N
+    python benchmarks/bench_quality.py --run-dir B/e31-s --from train --drafter eagle3.1 \
+        --epochs N+1 --train-set max_steps=S                   # or every step that fits
 
 Rerunning with the same --run-dir skips complete stages (``specdraft run`` rules).
 """
@@ -289,6 +291,21 @@ def wallclock_epochs(epochs: int, own_s: float, peer_s: float) -> int:
         raise ValueError(f"wallclock_epochs: epochs {epochs}, own {own_s} s, peer {peer_s} s: "
                          "each must be positive")
     return int(peer_s * epochs / own_s + 1e-9)
+
+
+def wallclock_steps(steps: int, own_s: float, peer_s: float) -> int:
+    """How many optimizer steps of specdraft's trainer fit in the peer's training wall-clock:
+    the largest whole N with N * own_s / steps <= peer_s, where ``own_s`` (s) is specdraft's
+    train stage for ``steps`` steps (its fixed costs, teacher check and validation included,
+    counted per step, which only shortens the budget) and ``peer_s`` (s) the peer's whole
+    training process, both measured alone on the same machine. The finer budget than
+    :func:`wallclock_epochs`: run it as ``--epochs E --train-set max_steps=N`` with E epochs
+    covering N steps (the cosine schedule then ends at step N). ValueError on a non-positive
+    time or step count."""
+    if steps < 1 or own_s <= 0 or peer_s <= 0:
+        raise ValueError(f"wallclock_steps: steps {steps}, own {own_s} s, peer {peer_s} s: "
+                         "each must be positive")
+    return int(peer_s * steps / own_s + 1e-9)
 
 
 def report(args, manifest: dict, mt: dict, *, pipeline_s: float, mtbench_s: float) -> None:

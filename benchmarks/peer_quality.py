@@ -239,13 +239,15 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
     t_ours = json.loads((run_dir / "train" / "manifest.json").read_text())["elapsed_s"]
     t_peer = json.loads((peer_dir / "trained.json").read_text())["seconds"]
     if args.peer_train_only:
-        from bench_quality import wallclock_epochs
+        from bench_quality import wallclock_epochs, wallclock_steps
 
         n = wallclock_epochs(train_cfg.epochs, t_ours, t_peer)
+        steps = json.loads((run_dir / "train" / "manifest.json").read_text())["steps"]
         print(f"\nbench_quality --peer-train-only: {train_cfg.epochs} epochs each; train wall "
-              f"time (s) specdraft {t_ours:.0f} (its train stage), speculators ({kind}) "
-              f"{t_peer:.0f} (its process, imports included): specdraft's trainer fits {n} "
-              f"epochs in the peer's time (valid as a budget only if both ran alone)")
+              f"time (s) specdraft {t_ours:.0f} (its train stage, {steps} steps), speculators "
+              f"({kind}) {t_peer:.0f} (its process, imports included): specdraft's trainer "
+              f"fits {n} epochs, {wallclock_steps(steps, t_ours, t_peer)} steps, in the peer's "
+              f"time (valid as a budget only if both ran alone)")
         return
     drafter = dflash_eval_ready(ckpt, peer_dir / "drafter", verifier.config.num_hidden_layers) \
         if kind == "dflash" else eval_ready(ckpt, peer_dir / "drafter")

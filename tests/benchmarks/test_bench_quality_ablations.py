@@ -73,3 +73,13 @@ def test_wallclock_epochs_by_hand():
     assert bench_quality.wallclock_epochs(3, 900.0, 250.0) == 0
     with pytest.raises(ValueError, match="positive"):
         bench_quality.wallclock_epochs(2, 0.0, 10.0)
+
+
+def test_wallclock_steps_by_hand():
+    """2026-12-06's alone figures: specdraft 401.6 s for 234 steps, the peer 972.1 s:
+    972.1 * 234 / 401.6 = 566.4, so 566 steps fit (the 4 whole epochs are 468). A tie fits; a
+    bad count is refused."""
+    assert bench_quality.wallclock_steps(234, 401.6, 972.1) == 566
+    assert bench_quality.wallclock_steps(100, 200.0, 300.0) == 150  # exactly 150 x 2 s
+    with pytest.raises(ValueError, match="positive"):
+        bench_quality.wallclock_steps(0, 10.0, 10.0)
