@@ -104,9 +104,12 @@ def apply_sets(cfg: dict, section: str, items: list[str]) -> None:
 
 
 #: The recipe every ablation row of a drafter starts from, pinned: the defaults the rows were
-#: measured against on 2026-12-05 (DFlash's slot weights were ``exp`` then; D-PACE won and is
-#: the default since), so each row still changes one setting of that baseline.
-ABLATION_BASE: dict[str, dict] = {"dflash": {"dflash_weights": "exp"}}
+#: measured against on 2026-12-05 (DFlash's slot weights were ``exp`` then, its anchors 32 per
+#: row drawn with replacement; D-PACE won and is the default since 2026-12-05, every distinct
+#: anchorable position since 2026-12-06), so each row still changes one setting of that
+#: baseline.
+ABLATION_BASE: dict[str, dict] = {"dflash": {"dflash_weights": "exp", "dflash_anchors": 32,
+                                             "dflash_anchor_draw": "replacement"}}
 
 
 def ablation_config(run_dir: Path, name: str, **kw) -> dict:

@@ -66,7 +66,7 @@ SAMPLES: dict[tuple[str, str], tuple[list[str], Any]] = {
     ("train", "dflash_mask_token_id"): (["--drafter", "dflash", "--dflash-mask-token-id", "7"],
                                         7),
     ("train", "dflash_anchor_draw"): (["--drafter", "dflash", "--dflash-anchor-draw",
-                                       "distinct"], "distinct"),
+                                       "replacement"], "replacement"),
     ("train", "dflash_weights"): (["--drafter", "dflash", "--dflash-weights", "exp"], "exp"),
     ("train", "dflash_dpace_alpha"): (["--drafter", "dflash", "--dflash-dpace-alpha", "0.3"],
                                       0.3),

@@ -58,7 +58,7 @@ def dflash_run(tmp_path_factory, engine_verifier, vllm_python) -> Path:
                         "keep_truncated": True, "dtype": "float32"},
            "prepare": {"max_seq_len": 256}, "vocab": {"draft_vocab_size": 512}, "extract": {},
            "train": {"drafter": "dflash", "dflash_block_size": BLOCK, "dflash_layers": 2,
-                     "dflash_anchors": 16, "max_steps": 100, "epochs": 1000, "lr": 3e-3,
+                     "max_steps": 100, "epochs": 1000, "lr": 3e-3,
                      "warmup_steps": 5, "val_fraction": 0.0, "eval_every": 1000,
                      "save_every": 1000, "batch_tokens": 1024, "dtype": "float32"},
            "eval": {"prompts": prompts, "max_new_tokens": MAX_TOKENS, "dtype": "float32",

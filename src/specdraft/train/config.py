@@ -94,8 +94,10 @@ class TrainConfig(StageConfig):
                                    description="DFlash: block size, the anchor plus K mask "
                                                "slots (serve with num_speculative_tokens = K).")
     dflash_layers: int = Field(2, ge=1, description="DFlash: the drafter's decoder layers.")
-    dflash_anchors: int = Field(32, ge=1, description="DFlash: blocks drawn per row per step "
-                                                      "(anchors among supervised positions).")
+    dflash_anchors: int = Field(512, ge=1, description="DFlash: anchors per row per step: at "
+                                                       "most this many distinct ones (--dflash-"
+                                                       "anchor-draw distinct), or exactly this "
+                                                       "many drawn with replacement.")
     dflash_gamma: float | None = Field(None, gt=0, description="DFlash --dflash-weights exp: "
                                                                "slot j's loss weight is "
                                                                "exp(-(j-1)/gamma) (none: "
@@ -105,11 +107,14 @@ class TrainConfig(StageConfig):
                                                                      "verifier's last "
                                                                      "vocabulary id).")
     dflash_anchor_draw: Literal["replacement", "distinct"] = Field(
-        "replacement", description="DFlash: replacement (--dflash-anchors blocks per row drawn "
-                                   "with replacement among positions a with loss_mask[a+1] == "
-                                   "1) or distinct (up to --dflash-anchors distinct anchors "
-                                   "per row, only where vLLM anchors: a generated token, "
-                                   "loss_mask[a] == 1, whose next token is supervised).")
+        "distinct", description="DFlash: distinct (up to --dflash-anchors distinct anchors per "
+                                "row, only where vLLM anchors: a generated token, loss_mask[a] "
+                                "== 1, whose next token is supervised; with 512, every such "
+                                "position of a row up to 512 of them: the default since "
+                                "2026-12-06, docs/benchmarks.md 'Issue 37's goal at full "
+                                "size') or replacement (--dflash-anchors blocks per row drawn "
+                                "with replacement among positions a with loss_mask[a+1] == 1, "
+                                "the recipe before, 32 per row).")
     dflash_weights: Literal["exp", "dpace"] = Field(
         "dpace", description="DFlash slot weights: dpace (D-PACE, arXiv 2605.18810: each slot "
                              "weighted by the expected accepted length it can still add, from "

@@ -169,7 +169,8 @@ class DFlashObjective(nn.Module):
     teacher's entropy; needs ``batch.final_hidden``, :attr:`needs_final_hidden`). Hits, D-PACE
     and the acceptance terms use the hard target (the verifier's argmax under ``soft``).
 
-    Anchors (``anchor_draw``): ``replacement`` (default) ``anchors`` per row drawn with
+    Anchors (``anchor_draw``): ``replacement`` (this class's default; the train config's is
+    ``distinct`` with 512) ``anchors`` per row drawn with
     replacement among the supervised positions; ``distinct`` up to ``anchors`` distinct
     positions per row among those vLLM anchors at (:func:`vllm_anchorable`), fewer when the
     row has fewer (its blocks padded to the micro-batch's widest row, the padding blocks
