@@ -226,7 +226,8 @@ def main() -> None:
                     "--train-set dflash_target_layers=spread), repeatable; with "
                     "generate..vocab copied, --from extract")
     ap.add_argument("--peer", action="store_true", help="also train speculators 0.9.0 on the "
-                    "same rows and hidden states and eval its drafter the same way")
+                    "same rows and hidden states and eval its drafter the same way (with "
+                    "--until before train: the peer alone, e.g. at another --train-set lr)")
     ap.add_argument("--peer-kind", default="eagle3", choices=sorted(PEERS),
                     help="which of speculators' drafters --peer trains (peer_quality.PEERS): "
                     "eagle3 with specdraft's default EAGLE-3 architecture, its EAGLE-3 with its "
@@ -241,8 +242,9 @@ def main() -> None:
 
     if args.until is not None and args.until not in STAGE_NAMES:
         ap.error(f"--until {args.until}: not a stage ({', '.join(STAGE_NAMES)})")
-    if args.peer and args.until and STAGE_NAMES.index(args.until) < STAGE_NAMES.index("train"):
-        ap.error(f"--peer needs specdraft's train stage (its steps and drafter): --until "
+    if args.peer_train_only and args.until and \
+            STAGE_NAMES.index(args.until) < STAGE_NAMES.index("train"):
+        ap.error(f"--peer-train-only needs specdraft's train stage (its time): --until "
                  f"{args.until} stops before it")
     if args.peer_train_only and not args.peer:
         ap.error("--peer-train-only needs --peer")

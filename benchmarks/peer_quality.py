@@ -228,7 +228,8 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
     """Convert, train the peer (``args.peer_kind``), eval both drafters' figures side by side
     (module docstring). ``args.peer_train_only``: stop after training, printing both train
     times and :func:`bench_quality.wallclock_epochs`; specdraft's drafter not evaluated in
-    ``RUN`` (``--until`` before eval): the peer's figures alone."""
+    ``RUN`` (``--until`` before eval, or before train: specdraft's trainer not run): the
+    peer's figures alone."""
     from bench_quality import GSM8K_TEST, MT_BENCH, eval_offline
 
     run_dir, kind = args.run_dir, args.peer_kind
@@ -236,9 +237,9 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
     train_cfg = config.stages["train"]
     data, vdir, ratio, n_train = convert(run_dir, train_cfg, verifier)
     ckpt = train_peer(run_dir, train_cfg, data, vdir, ratio, kind)
-    t_ours = json.loads((run_dir / "train" / "manifest.json").read_text())["elapsed_s"]
     t_peer = json.loads((peer_dir / "trained.json").read_text())["seconds"]
     if args.peer_train_only:
+        t_ours = json.loads((run_dir / "train" / "manifest.json").read_text())["elapsed_s"]
         from bench_quality import wallclock_epochs, wallclock_steps
 
         n = wallclock_epochs(train_cfg.epochs, t_ours, t_peer)
@@ -282,6 +283,7 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
         print(f"  {label:<16} specdraft tau {a['tau']:.3f} [{pos(a)}]   speculators tau "
               f"{b['tau']:.3f} [{pos(b)}]   ratio {ci.ratio:.3f} (95 % CI {ci.low:.3f}-"
               f"{ci.high:.3f} over prompts, paired bootstrap)")
+    t_ours = json.loads((run_dir / "train" / "manifest.json").read_text())["elapsed_s"]
     print(f"  train wall time (s): specdraft {t_ours:.0f}, speculators {t_peer:.0f} "
           f"(its process, imports included)")
     goal = ours["gsm8k"]["tau"] >= 1.25 * peer["gsm8k"]["tau"]

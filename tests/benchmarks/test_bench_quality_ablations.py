@@ -83,3 +83,17 @@ def test_wallclock_steps_by_hand():
     assert bench_quality.wallclock_steps(100, 200.0, 300.0) == 150  # exactly 150 x 2 s
     with pytest.raises(ValueError, match="positive"):
         bench_quality.wallclock_steps(0, 10.0, 10.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--peer", "--peer-train-only", "--until", "extract"],
+     "--peer-train-only needs specdraft's train stage"),
+    (["--peer-train-only"], "--peer-train-only needs --peer"),
+    (["--until", "extrakt"], "--until extrakt: not a stage")])
+def test_flag_combinations_refused_by_name(monkeypatch, capsys, tmp_path, argv, message):
+    """Refused before anything runs (no run directory is written)."""
+    monkeypatch.setattr("sys.argv", ["bench_quality.py", "--run-dir", str(tmp_path / "r"), *argv])
+    with pytest.raises(SystemExit) as exc:
+        bench_quality.main()
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
