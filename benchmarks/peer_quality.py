@@ -103,8 +103,13 @@ def train_peer(run_dir: Path, train_cfg: Any, data: Path, vdir: Path, ratio: flo
         import shutil
 
         shutil.rmtree(save, ignore_errors=True)
-        total = json.loads((run_dir / "train" / "manifest.json").read_text())["total_steps"]
-        warmup = min(train_cfg.warmup_steps, total // 2)
+        ours_manifest = run_dir / "train" / "manifest.json"  # absent: the peer alone
+        total = json.loads(ours_manifest.read_text())["total_steps"] \
+            if ours_manifest.exists() else None
+        warmup = min(train_cfg.warmup_steps, total // 2) if total else train_cfg.warmup_steps
+        if kind == "dflash" and not (run_dir / "export" / "vllm").is_dir():
+            raise SystemExit(f"--peer-kind dflash matches specdraft's DFlash export (layers, "
+                             f"block, mask token): {run_dir}/export/vllm is missing")
         aux = json.loads((vdir / "aux_ids.json").read_text())
         if kind == "dflash":
             from specdraft.artifacts.dflash_export import read_dflash
