@@ -10,7 +10,8 @@ reference's with its paired 95 % bootstrap interval over prompts
 skipped. ``--peer RUN``: also speculators' drafter of
 ``RUN/peer`` (``bench_quality.py --peer``), as a row and as the reference of a second ratio;
 ``--peer DIR`` again, with DIR a peer directory (``RUN/peer-dflash``, ...: ``--peer-kind``),
-adds that peer as a row (the first ``--peer`` stays the reference). ``--pair A B``: also
+adds that peer as a row (the first ``--peer`` stays the reference; ``--peer NAME=DIR`` names
+the row, e.g. the same kind trained at another lr). ``--pair A B``: also
 row A's ratio to row B (e.g. ``--pair dflash spec:dflash``: each trainer's DFlash).
 
 The headline comparison as JSON (``--headline NAME A B``, NAME one of :data:`HEADLINES`; A and
@@ -48,18 +49,37 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def collect(runs: list[Path], peers: list[Path]) -> tuple[dict, dict, dict]:
+def peer_name(arg: str) -> tuple[str, Path]:
+    """``--peer`` value -> (row name, directory): ``NAME=DIR`` names the row ``NAME`` (two
+    peers of one kind, e.g. at two learning rates); a bare ``DIR`` is ``speculators`` for a
+    run's ``peer/`` and ``spec:KIND`` for a ``peer-KIND/`` directory."""
+    name, sep, path = arg.partition("=")
+    if sep and name and "/" not in name:
+        return name, Path(path)
+    pdir = Path(arg)
+    pdir = pdir / "peer" if (pdir / "peer" / "trained.json").exists() else pdir
+    return ("speculators" if pdir.name == "peer" else
+            f"spec:{pdir.name.removeprefix('peer-')}"), pdir
+
+
+def collect(runs: list[Path], peers: list[str]) -> tuple[dict, dict, dict]:
     """(rows: name -> {set: results.json path}, train seconds by name, seeds by name: the
-    ``seed`` of a specdraft run's train config, None for a peer)."""
+    ``seed`` of a specdraft run's train config, None for a peer). ``peers``: ``--peer``
+    values (:func:`peer_name`). ValueError when two rows get one name."""
     rows = {r.name: {s: r / d[0] / "results.json" for s, d in SETS.items()} for r in runs}
+    if len(rows) < len(runs):
+        raise ValueError(f"two runs share a name: {sorted(r.name for r in runs)}")
     seconds, seeds = {}, {}
     for r in runs:
         manifest = load(r / "train" / "manifest.json")
         seconds[r.name] = manifest["elapsed_s"]
         seeds[r.name] = (manifest.get("config") or {}).get("seed")
     for peer in peers:
-        pdir = peer / "peer" if (peer / "peer" / "trained.json").exists() else peer
-        name = "speculators" if pdir.name == "peer" else f"spec:{pdir.name.removeprefix('peer-')}"
+        name, pdir = peer_name(str(peer))
+        pdir = pdir / "peer" if (pdir / "peer" / "trained.json").exists() else pdir
+        if name in rows:
+            raise ValueError(f"--peer {peer}: the row name {name} is taken; name it: "
+                             f"--peer NAME={pdir}")
         rows[name] = {s: pdir / d[1] / "results.json" for s, d in SETS.items()}
         seconds[name], seeds[name] = load(pdir / "trained.json")["seconds"], None
     return rows, seconds, seeds
@@ -146,7 +166,9 @@ def print_table(rows: dict, seconds: dict, refs: list[str], pairs: list) -> None
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", type=Path, nargs="+")
-    ap.add_argument("--peer", type=Path, action="append", default=[])
+    ap.add_argument("--peer", action="append", default=[], metavar="[NAME=]DIR",
+                    help="a peer's row: RUN (its peer/), or a peer-KIND directory (row "
+                    "spec:KIND); NAME=DIR names the row (two peers of one kind)")
     ap.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"))
     ap.add_argument("--headline", nargs=3, action="append", default=[],
                     metavar=("NAME", "A", "B"), help=f"a headline comparison for the JSON: "
@@ -161,7 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, _, _ in a.headline:
         if name not in HEADLINES:
             ap.error(f"--headline {name}: not one of {', '.join(HEADLINES)}")
-    rows, seconds, seeds = collect(a.runs, a.peer)
+    try:
+        rows, seconds, seeds = collect(a.runs, a.peer)
+    except ValueError as err:
+        ap.error(str(err))
     refs = [a.runs[0].name] + ([n for n in rows if n.startswith("spec")][:1] if a.peer else [])
     print_table(rows, seconds, refs, a.pair)
     if a.headline:

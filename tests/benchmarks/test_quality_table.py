@@ -104,3 +104,19 @@ def test_unknown_row_or_name_is_refused(tmp_path):
                             "dflash", "dflash", "--note", "best_vs_peer_best_equal_wallclock",
                             "x", "--json", str(tmp_path / "q.json")])
     assert not (tmp_path / "q.json").exists()
+
+
+def test_two_peers_of_one_kind_need_names(tmp_path):
+    """The same kind trained at two learning rates: unnamed, the second takes the first's row
+    name and is refused; named (``NAME=DIR``), each is its own row. By hand: 20 * 4 / 40 = 2.0
+    over the peers' 1.2 (12 * 4 / 40) and 1.6 (16 * 4 / 40): 1.6667 and 1.25."""
+    best = make_run(tmp_path, "e31", [20, 20, 20, 20])
+    slow = make_peer(tmp_path / "a", "eagle3-defaults", [12, 12, 12, 12])
+    fast = make_peer(tmp_path / "b", "eagle3-defaults", [16, 16, 16, 16])
+    with pytest.raises(ValueError, match="spec:eagle3-defaults is taken"):
+        quality_table.collect([best], [slow, fast])
+    rows, _, seeds = quality_table.collect([best], [slow, f"spec:eagle3-lr1e3={fast}"])
+    assert set(rows) == {"e31", "spec:eagle3-defaults", "spec:eagle3-lr1e3"}
+    for peer, want in (("spec:eagle3-defaults", 2.0 / 1.2), ("spec:eagle3-lr1e3", 1.25)):
+        h = quality_table.headline(rows, "best_vs_peer_best_equal_wallclock", "e31", peer, seeds)
+        assert h["ratio"] == pytest.approx(want)
