@@ -244,11 +244,11 @@ def run_peer(args: Any, config: Any, verifier: Any) -> None:
     ckpt = train_peer(run_dir, train_cfg, data, vdir, ratio, kind)
     t_peer = json.loads((peer_dir / "trained.json").read_text())["seconds"]
     if args.peer_train_only:
-        t_ours = json.loads((run_dir / "train" / "manifest.json").read_text())["elapsed_s"]
         from bench_quality import wallclock_epochs, wallclock_steps
 
+        ours = json.loads((run_dir / "train" / "manifest.json").read_text())
+        t_ours, steps = ours["elapsed_s"], ours["steps"]
         n = wallclock_epochs(train_cfg.epochs, t_ours, t_peer)
-        steps = json.loads((run_dir / "train" / "manifest.json").read_text())["steps"]
         print(f"\nbench_quality --peer-train-only: {train_cfg.epochs} epochs each; train wall "
               f"time (s) specdraft {t_ours:.0f} (its train stage, {steps} steps), speculators "
               f"({kind}) {t_peer:.0f} (its process, imports included): specdraft's trainer "

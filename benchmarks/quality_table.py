@@ -54,10 +54,11 @@ def peer_name(arg: str) -> tuple[str, Path]:
     peers of one kind, e.g. at two learning rates); a bare ``DIR`` is ``speculators`` for a
     run's ``peer/`` and ``spec:KIND`` for a ``peer-KIND/`` directory."""
     name, sep, path = arg.partition("=")
-    if sep and name and "/" not in name:
-        return name, Path(path)
-    pdir = Path(arg)
+    named = bool(sep and name and "/" not in name)
+    pdir = Path(path if named else arg)
     pdir = pdir / "peer" if (pdir / "peer" / "trained.json").exists() else pdir
+    if named:
+        return name, pdir
     return ("speculators" if pdir.name == "peer" else
             f"spec:{pdir.name.removeprefix('peer-')}"), pdir
 
@@ -76,7 +77,6 @@ def collect(runs: list[Path], peers: list[str]) -> tuple[dict, dict, dict]:
         seeds[r.name] = (manifest.get("config") or {}).get("seed")
     for peer in peers:
         name, pdir = peer_name(str(peer))
-        pdir = pdir / "peer" if (pdir / "peer" / "trained.json").exists() else pdir
         if name in rows:
             raise ValueError(f"--peer {peer}: the row name {name} is taken; name it: "
                              f"--peer NAME={pdir}")
