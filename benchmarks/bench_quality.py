@@ -91,6 +91,7 @@ ABLATIONS: dict[str, tuple[str, dict, dict]] = {
     # the short budget's optimizer (2026-12-06, run with --epochs 4): twice the peak lr, or
     # twice the optimizer steps per epoch (half the micro-batch: 17 % more time per epoch here)
     "eagle3.1-lr1e3": ("eagle3.1", {"lr": 1e-3}, {}),
+    "eagle3.1-lr2e3": ("eagle3.1", {"lr": 2e-3}, {}),
     "eagle3.1-batch1024": ("eagle3.1", {"batch_tokens": 1024}, {}),
 }
 
