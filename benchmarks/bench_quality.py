@@ -297,10 +297,15 @@ def wallclock_epochs(epochs: int, own_s: float, peer_s: float) -> int:
     and checkpoints included), both measured alone on the same machine (docs/benchmarks.md,
     "equal training wall-clock"). 0 when one epoch of specdraft's already takes longer.
     ValueError on a non-positive time or epoch count."""
-    if epochs < 1 or own_s <= 0 or peer_s <= 0:
-        raise ValueError(f"wallclock_epochs: epochs {epochs}, own {own_s} s, peer {peer_s} s: "
+    return _fits("epochs", epochs, own_s, peer_s)
+
+
+def _fits(unit: str, done: int, own_s: float, peer_s: float) -> int:
+    """The largest whole N with N * own_s / done <= peer_s (``done`` units took ``own_s``)."""
+    if done < 1 or own_s <= 0 or peer_s <= 0:
+        raise ValueError(f"wallclock_{unit}: {unit} {done}, own {own_s} s, peer {peer_s} s: "
                          "each must be positive")
-    return int(peer_s * epochs / own_s + 1e-9)
+    return int(peer_s * done / own_s + 1e-9)
 
 
 def wallclock_steps(steps: int, own_s: float, peer_s: float) -> int:
@@ -312,10 +317,7 @@ def wallclock_steps(steps: int, own_s: float, peer_s: float) -> int:
     :func:`wallclock_epochs`: run it as ``--epochs E --train-set max_steps=N`` with E epochs
     covering N steps (the cosine schedule then ends at step N). ValueError on a non-positive
     time or step count."""
-    if steps < 1 or own_s <= 0 or peer_s <= 0:
-        raise ValueError(f"wallclock_steps: steps {steps}, own {own_s} s, peer {peer_s} s: "
-                         "each must be positive")
-    return int(peer_s * steps / own_s + 1e-9)
+    return _fits("steps", steps, own_s, peer_s)
 
 
 def report(args, manifest: dict, mt: dict, *, pipeline_s: float, mtbench_s: float) -> None:
