@@ -35,9 +35,12 @@ DELIBERATE_SKIPS = {
 }
 
 
-def checkout_paths() -> list[str]:
-    """This checkout's absolute path and its parent's (where sibling clones live)."""
-    return [str(REPO) + "/", str(REPO.parent) + "/"]
+def checkout_paths(repo: Path = REPO) -> list[str]:
+    """This checkout's absolute path and its parent's (where sibling clones live), the parent
+    only when it is not a top-level directory: a clone made straight under ``/tmp`` (``mktemp
+    -d``) would otherwise flag every ``/tmp/...`` literal in the tests."""
+    parent = [str(repo.parent) + "/"] if len(repo.parent.parts) > 2 else []
+    return [str(repo) + "/"] + parent
 
 
 def files(root: Path) -> list[Path]:
@@ -101,6 +104,12 @@ def test_planted_path_and_skip_are_named_by_file_and_line(tmp_path):
                                     "U = 'https://x.org/home/page'\nT = '/tmp/x'\n"
                                     "M = '/models/Kimi-K2.5'\nO = '/opt/vllm/bin/python'\n")
     assert [f for f in absolute_paths(tmp_path, checkout_paths()) if f.startswith("ok")] == []
+
+
+def test_a_clone_straight_under_a_top_level_directory_flags_only_itself():
+    assert checkout_paths(Path("/tmp/tmp.Ab12")) == ["/tmp/tmp.Ab12/"]
+    assert checkout_paths(Path("/srv/clones/specdraft")) == ["/srv/clones/specdraft/",
+                                                              "/srv/clones/"]
 
 
 def test_missing_skips_here_and_fails_under_ci(tmp_path):
