@@ -5,7 +5,8 @@
         B/eagle3.1-focal ... [--set gsm8k] [--seeds B/dflash-s1,B/dflash-s2]
 
 A row's baseline is the run named after its drafter (``dflash`` for every ``dflash-*`` row,
-``eagle3.1`` for ``eagle3.1-*``; :data:`bench_quality.ABLATIONS`), trained on the same
+``eagle3.1`` for ``eagle3.1-*``; :data:`bench_quality.ABLATIONS`), or its parent row where
+:data:`bench_quality.ABLATION_PARENTS` names one (a change on top of another), trained on the same
 generate..extract with the same seed. Per row, on GSM8K test (``RUN/eval/results.json``): τ and
 per-position acceptance, Δτ = τ_row − τ_baseline and τ's ratio, each with its paired 95 %
 bootstrap interval over prompts (:func:`specdraft.eval.compare.tau_delta_ci`), the train stage's
@@ -27,7 +28,7 @@ from pathlib import Path
 from specdraft.eval.compare import tau_delta_ci, tau_ratio_ci
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quality import ABLATIONS  # noqa: E402
+from bench_quality import ABLATION_PARENTS, ABLATIONS  # noqa: E402
 
 SETS = {"gsm8k": "eval", "mt": "eval-mtbench"}
 
@@ -42,13 +43,15 @@ def split_seed(name: str) -> tuple[str, str]:
 
 
 def baseline_of(name: str) -> str:
-    """The baseline row of ablation row ``name``: its drafter's own row (``dflash``,
+    """The baseline row of ablation row ``name``: its parent row
+    (:data:`bench_quality.ABLATION_PARENTS`) or else its drafter's own row (``dflash``,
     ``eagle3.1``); a seed suffix ``-sN`` carries over. ValueError for an unknown name."""
     base, seed = split_seed(name)
     if base not in ABLATIONS and base != "eagle3.1":
         raise ValueError(f"{name}: not an ablation row (bench_quality.ABLATIONS) or eagle3.1")
-    drafter = ABLATIONS[base][0] if base in ABLATIONS else "eagle3.1"
-    return drafter + (f"-s{seed}" if seed else "")
+    parent = ABLATION_PARENTS.get(base) or (ABLATIONS[base][0] if base in ABLATIONS
+                                            else "eagle3.1")
+    return parent + (f"-s{seed}" if seed else "")
 
 
 def settings(name: str) -> str:
@@ -56,7 +59,12 @@ def settings(name: str) -> str:
     if base not in ABLATIONS:
         return "baseline"
     _, train, extract = ABLATIONS[base]
-    return ", ".join(f"{k}={v}" for k, v in {**train, **extract}.items()) or "baseline"
+    own = {**train, **extract}
+    parent = ABLATION_PARENTS.get(base)
+    if parent:  # only the change on top of the parent
+        own = {k: v for k, v in own.items()
+               if {**ABLATIONS[parent][1], **ABLATIONS[parent][2]}.get(k, object()) != v}
+    return ", ".join(f"{k}={v}" for k, v in own.items()) or "baseline"
 
 
 def table(runs: list[Path], set_name: str = "gsm8k", seeds: list[Path] | None = None) -> str:

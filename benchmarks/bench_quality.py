@@ -93,7 +93,15 @@ ABLATIONS: dict[str, tuple[str, dict, dict]] = {
     "eagle3.1-lr1e3": ("eagle3.1", {"lr": 1e-3}, {}),
     "eagle3.1-lr2e3": ("eagle3.1", {"lr": 2e-3}, {}),
     "eagle3.1-batch1024": ("eagle3.1", {"batch_tokens": 1024}, {}),
+    # one more change on top of lr 1e-3 (2026-12-06, midday): the rows of ABLATION_PARENTS
+    "eagle3.1-lr1e3-sw1": ("eagle3.1", {"lr": 1e-3, "step_weight": 1.0}, {}),
+    "eagle3.1-lr1e3-batch1024": ("eagle3.1", {"lr": 1e-3, "batch_tokens": 1024}, {}),
 }
+
+#: Rows measured against another row instead of their drafter's own baseline: each one's
+#: settings are its parent's plus one change (``benchmarks/ablation_table.py`` pairs them so).
+ABLATION_PARENTS: dict[str, str] = {"eagle3.1-lr1e3-sw1": "eagle3.1-lr1e3",
+                                    "eagle3.1-lr1e3-batch1024": "eagle3.1-lr1e3"}
 
 
 def apply_sets(cfg: dict, section: str, items: list[str]) -> None:

@@ -53,3 +53,28 @@ def test_a_seed_row_without_its_seeds_baseline_is_shown_without_delta(tmp_path):
             make_run(tmp_path, "dflash-dpace-s2", [22] * 4, seed=2)]
     row = [line for line in ablation_table.table(runs).splitlines() if "dpace-s2" in line][0]
     assert "| no dflash-s2 | no dflash-s2 |" in row
+
+
+def test_a_row_on_top_of_another_is_paired_with_its_parent(tmp_path):
+    """``eagle3.1-lr1e3-sw1`` = lr 1e-3 + step weight 1: against ``eagle3.1-lr1e3`` of the same
+    seed, its settings column only the change."""
+    runs = [make_run(tmp_path, "eagle3.1", [20] * 4),                  # 2.0
+            make_run(tmp_path, "eagle3.1-lr1e3", [24] * 4),            # 2.4
+            make_run(tmp_path, "eagle3.1-lr1e3-sw1", [25] * 4)]        # 2.5: +0.1 vs 2.4
+    rows = {line.split(" | ")[0].strip("| "): line
+            for line in ablation_table.table(runs).splitlines() if line.startswith("| ")}
+    assert "| step_weight=1.0 | 2.500 [" in rows["eagle3.1-lr1e3-sw1"]
+    assert "| +0.100 [+0.100, +0.100] |" in rows["eagle3.1-lr1e3-sw1"]
+    assert ablation_table.baseline_of("eagle3.1-lr1e3-sw1-s2") == "eagle3.1-lr1e3-s2"
+    with pytest.raises(ValueError, match="baseline eagle3.1-lr1e3 is not among"):
+        ablation_table.table([runs[0], runs[2]])
+
+
+def test_every_parent_row_is_its_child_less_one_change():
+    from bench_quality import ABLATION_PARENTS, ABLATIONS
+
+    for child, parent in ABLATION_PARENTS.items():
+        (cd, ct, ce), (pd, pt, pe) = ABLATIONS[child], ABLATIONS[parent]
+        assert cd == pd, child
+        assert {**pt, **pe}.items() <= {**ct, **ce}.items(), child   # the parent's settings kept
+        assert len({**ct, **ce}) == len({**pt, **pe}) + 1, child      # and one change more
