@@ -96,12 +96,18 @@ ABLATIONS: dict[str, tuple[str, dict, dict]] = {
     # one more change on top of lr 1e-3 (2026-12-06, midday): the rows of ABLATION_PARENTS
     "eagle3.1-lr1e3-sw1": ("eagle3.1", {"lr": 1e-3, "step_weight": 1.0}, {}),
     "eagle3.1-lr1e3-batch1024": ("eagle3.1", {"lr": 1e-3, "batch_tokens": 1024}, {}),
+    # the expected-length term at weights nearer the paper's tuned chain weight (arXiv
+    # 2606.11552 reports alpha_c = 40 under its own normalisation; ours at 1 was a small nudge)
+    "eagle3.1-lr1e3-explen4": ("eagle3.1", {"lr": 1e-3, "loss_expected_length_weight": 4.0}, {}),
+    "eagle3.1-lr1e3-explen16": ("eagle3.1", {"lr": 1e-3, "loss_expected_length_weight": 16.0},
+                                {}),
 }
 
 #: Rows measured against another row instead of their drafter's own baseline: each one's
 #: settings are its parent's plus one change (``benchmarks/ablation_table.py`` pairs them so).
-ABLATION_PARENTS: dict[str, str] = {"eagle3.1-lr1e3-sw1": "eagle3.1-lr1e3",
-                                    "eagle3.1-lr1e3-batch1024": "eagle3.1-lr1e3"}
+ABLATION_PARENTS: dict[str, str] = {
+    name: "eagle3.1-lr1e3" for name in ("eagle3.1-lr1e3-sw1", "eagle3.1-lr1e3-batch1024",
+                                        "eagle3.1-lr1e3-explen4", "eagle3.1-lr1e3-explen16")}
 
 
 def apply_sets(cfg: dict, section: str, items: list[str]) -> None:
