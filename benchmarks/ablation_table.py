@@ -62,8 +62,8 @@ def settings(name: str) -> str:
     own = {**train, **extract}
     parent = ABLATION_PARENTS.get(base)
     if parent:  # only the change on top of the parent
-        own = {k: v for k, v in own.items()
-               if {**ABLATIONS[parent][1], **ABLATIONS[parent][2]}.get(k, object()) != v}
+        inherited = {**ABLATIONS[parent][1], **ABLATIONS[parent][2]}
+        own = {k: v for k, v in own.items() if k not in inherited or inherited[k] != v}
     return ", ".join(f"{k}={v}" for k, v in own.items()) or "baseline"
 
 
