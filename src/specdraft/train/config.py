@@ -112,7 +112,8 @@ class TrainConfig(StageConfig):
                                 "== 1, whose next token is supervised; with 512, every such "
                                 "position of a row up to 512 of them: the default since "
                                 "2026-12-06, docs/benchmarks.md 'Issue 37: every "
-                                "anchorable position as DFlash's default') or replacement (--dflash-anchors blocks per row drawn "
+                                "anchorable position as DFlash's default') or replacement "
+                                "(--dflash-anchors blocks per row drawn "
                                 "with replacement among positions a with loss_mask[a+1] == 1, "
                                 "the recipe before, 32 per row).")
     dflash_weights: Literal["exp", "dpace"] = Field(
