@@ -104,13 +104,16 @@ ABLATIONS: dict[str, tuple[str, dict, dict]] = {
     "eagle3.1-lr1e3-explen4": ("eagle3.1", {"lr": 1e-3, "loss_expected_length_weight": 4.0}, {}),
     "eagle3.1-lr1e3-explen16": ("eagle3.1", {"lr": 1e-3, "loss_expected_length_weight": 16.0},
                                 {}),
+    # the first-error focal term on the chain drafter (2026-12-06, afternoon)
+    "eagle3.1-lr1e3-focal": ("eagle3.1", {"lr": 1e-3, "loss_focal_weight": 1.0}, {}),
 }
 
 #: Rows measured against another row instead of their drafter's own baseline: each one's
 #: settings are its parent's plus one change (``benchmarks/ablation_table.py`` pairs them so).
 ABLATION_PARENTS: dict[str, str] = {
     name: "eagle3.1-lr1e3" for name in ("eagle3.1-lr1e3-sw1", "eagle3.1-lr1e3-batch1024",
-                                        "eagle3.1-lr1e3-explen4", "eagle3.1-lr1e3-explen16")}
+                                        "eagle3.1-lr1e3-explen4", "eagle3.1-lr1e3-explen16",
+                                        "eagle3.1-lr1e3-focal")}
 
 
 def apply_sets(cfg: dict, section: str, items: list[str]) -> None:
