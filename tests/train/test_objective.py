@@ -6,7 +6,7 @@ from torch import nn
 
 from memsource import Row
 from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel, ttt_mask
-from specdraft.artifacts.batches import Collator, TrainBatch
+from specdraft.artifacts.batches import Collator, TrainBatch, verifier_targets
 from specdraft.train.objective import TTTObjective
 
 
@@ -186,6 +186,37 @@ def test_collator_targets_and_oov_policy():
     assert m.loss_mask(sup, lab)[0].tolist() == [False, True, False]  # p=1 OOV dropped
     keep = TTTObjective(nn.Identity(), steps=1, oov_policy="keep")
     assert keep.loss_mask(sup, lab)[0].tolist() == [True, True, False]
+
+
+def test_collator_argmax_cache_skips_the_full_vocabulary_and_changes_nothing():
+    """The hand example above, with ``cache_argmax``: a second epoch gives the same batch bit for
+    bit, and reads only the draft rows of the head (the full vocabulary's argmax comes from the
+    cache). Planted: poisoning the non-draft rows after the first call changes the labels of a
+    collator without the cache (it recomputes the argmax) but not of the cached one."""
+    lm_head = torch.eye(6) * 5
+    d2t = torch.tensor([0, 1, 2])  # draft 0,1,2 -> target 0,2,4
+    mask = torch.tensor([0, 1, 1, 1], dtype=torch.uint8)
+    row = Row("r/0", torch.tensor([5, 2, 3, 4]), mask, torch.zeros(4, 2),
+              torch.eye(6)[[2, 3, 4]], torch.tensor([0, 1, 2]))
+    batches = {}
+    for cache in (False, True):
+        col = Collator(lm_head.clone(), d2t, torch.device("cpu"), cache_argmax=cache)
+        first = col([row])
+        assert first.label[0].tolist() == [1, -1, 2, -1]  # the verifier's argmax 2, 3 (OOV), 4
+        assert first.verifier_token[0].tolist() == [2, 3, 4, -1]
+        col.lm_head[[1, 3, 5]] = torch.eye(6)[[2, 2, 2]] * 100  # id 1, 3, 5 now win at p = 0
+        col.lm_head[[1, 3, 5]] += torch.eye(6)[[3, 3, 3]] * 100  # ... and at p = 1
+        batches[cache] = first, col([row])
+    cached_first, cached_again = batches[True]
+    for name in ("input_ids", "sup", "label", "verifier_token", "target_probs"):
+        assert torch.equal(getattr(cached_first, name), getattr(cached_again, name)), name
+    assert cached_again.verifier_token[0].tolist() == [2, 3, 4, -1]
+    assert batches[False][1].verifier_token[0].tolist() != [2, 3, 4, -1]  # the planted change
+    torch.testing.assert_close(batches[False][0].target_probs, cached_first.target_probs,
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match="argmax has 2 entries for 3 positions"):
+        verifier_targets(torch.eye(6)[[2, 3, 4]], lm_head, torch.tensor([0, 2, 4]),
+                         torch.tensor([0, -1, 1, -1, 2, -1]), argmax=torch.tensor([2, 3]))
 
 
 def test_soft_and_hard_loss_values_by_hand():
