@@ -8,7 +8,11 @@
    ``chunk·V·4`` (the [chunk, V] fp32 logits; chunk = min(N, 1024)) plus ``2·chunk·K·4`` (the
    gathered and softmaxed [chunk, K]) plus the ``N·K·4`` result: the full ``N·V·4`` is never
    held, so T = 2048 does not cost 1.3 GB. H is reduced (``--hidden``) to keep the head small;
-   the head is an input of its own size ``V·H·4``, allocated before the measurement.
+   the head is an input of its own size ``V·H·4``, allocated before the measurement, as are its
+   draft rows ``K·H·4`` (the collator gathers them once).
+3. The teacher's time in the epochs after the first, where the collator has the rows' argmax
+   cached and skips the ``[N, H] x [H, V]`` logits: the same call timed without and with
+   ``argmax``, side by side in one process (one thread), and their ratio.
 
 Usage: ``python benchmarks/bench_scale.py [--hidden 512] [--rows 256,2048] [--draft-vocab 32000]``
 """
@@ -20,6 +24,7 @@ import json
 import resource
 import subprocess
 import sys
+import time
 
 V_KIMI, H_KIMI = 163_840, 7168
 MB = 1e6
@@ -58,17 +63,28 @@ def teacher_child(H: int, N: int, K: int) -> None:
     draft_ids = torch.randperm(V_KIMI)[:K].sort().values
     t2d = torch.full((V_KIMI,), -1, dtype=torch.long)
     t2d[draft_ids] = torch.arange(K)
-    verifier_targets(final[:8], head, draft_ids, t2d)  # warm-up: allocator, kernels
+    rows = head[draft_ids]  # [K, H]: Collator.draft_head
+    verifier_targets(final[:8], head, draft_ids, t2d, draft_head=rows)  # warm-up
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    probs, _ = verifier_targets(final, head, draft_ids, t2d)
+    t0 = time.perf_counter()
+    probs, _, top = verifier_targets(final, head, draft_ids, t2d, draft_head=rows,
+                                     with_argmax=True)
+    first_s = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"peak_growth": after - before, "probs": probs.numel() * 4}))
+    t0 = time.perf_counter()
+    again, _ = verifier_targets(final, head, draft_ids, t2d, draft_head=rows, argmax=top)
+    cached_s = time.perf_counter() - t0
+    assert torch.equal(probs, again)
+    print(json.dumps({"peak_growth": after - before, "probs": probs.numel() * 4,
+                      "first_s": first_s, "cached_s": cached_s}))
 
 
-def teacher_peak(H: int, N: int, K: int) -> int:
+def teacher_child_run(H: int, N: int, K: int) -> dict:
+    """:func:`teacher_child` in a fresh subprocess: ``peak_growth`` (bytes), ``first_s`` and
+    ``cached_s`` (s, one call without and with the cached argmax)."""
     out = subprocess.run([sys.executable, __file__, "--child", f"{H},{N},{K}"], check=True,
                          capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["peak_growth"]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -92,10 +108,11 @@ def main() -> None:
     for N in map(int, args.rows.split(",")):
         c = min(N, 1024)
         predicted = c * V_KIMI * 4 + 2 * c * K * 4 + N * K * 4
-        measured = teacher_peak(H, N, K)
-        print(f"  N {N:5d}: peak growth {measured / MB:7.0f} MB, formula chunk·V·4 + 2·chunk·K·4"
-              f" + N·K·4 = {predicted / MB:7.0f} MB (full N·V·4 would be "
-              f"{N * V_KIMI * 4 / MB:.0f} MB)")
+        got = teacher_child_run(H, N, K)
+        print(f"  N {N:5d}: peak growth {got['peak_growth'] / MB:7.0f} MB, formula chunk·V·4 + "
+              f"2·chunk·K·4 + N·K·4 = {predicted / MB:7.0f} MB (full N·V·4 would be "
+              f"{N * V_KIMI * 4 / MB:.0f} MB); first epoch {got['first_s']:.2f} s, later epochs "
+              f"(argmax cached) {got['cached_s']:.2f} s: {got['first_s'] / got['cached_s']:.1f}x")
 
 
 if __name__ == "__main__":
