@@ -270,3 +270,19 @@ def test_supervised_columns_only_equal_the_dense_masked_loss(oov_policy):
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert torch.equal(out.hits, ref_hits)
+
+
+def test_collator_without_probs_gives_the_same_labels():
+    """``with_probs=False`` (DFlash's objective reads only the labels): [N, 0] probs, the same
+    labels and verifier tokens as the full collator, first epoch and cached."""
+    g = torch.Generator().manual_seed(3)
+    rows = [random_row("a/0", 9, 3, g), random_row("b/0", 12, 5, g)]
+    full = collator()(rows)
+    base = collator()
+    lean = Collator(base.lm_head, base.draft_ids - torch.arange(base.draft_ids.numel()),
+                    torch.device("cpu"), cache_argmax=True, with_probs=False)
+    for _ in range(2):  # the second call: argmax from the cache
+        b = lean(rows)
+        assert b.target_probs.shape == (int(full.sup.sum()), 0)
+        assert torch.equal(b.label, full.label) and torch.equal(b.verifier_token,
+                                                                full.verifier_token)

@@ -60,8 +60,8 @@ class TrainBatch:
 @torch.no_grad()
 def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor,
                      t2d_index: torch.Tensor, chunk: int = 1024, *, with_argmax: bool = False,
-                     argmax: torch.Tensor | None = None, draft_head: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, ...]:
+                     argmax: torch.Tensor | None = None, draft_head: torch.Tensor | None = None,
+                     with_probs: bool = True) -> tuple[torch.Tensor, ...]:
     """Soft targets and labels from the verifier's final hidden states.
 
     final_hidden [N, H] (after the verifier's final norm), lm_head [V, H], draft_ids [K] int64
@@ -77,13 +77,15 @@ def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_id
     ``argmax`` [N] (the same rows' argmax from an earlier call: :class:`Collator`'s cache) is
     given; the result is the same bit for bit either way. With a 49k verifier vocab and 8k draft
     vocab that is 6x fewer multiply-adds per epoch after the first (162k / 32k for Kimi-K2.5).
-    Raises ValueError when ``argmax`` does not have N entries.
+    ``with_probs=False`` (an objective that reads only the labels: DFlash's) skips the probs too:
+    they come back as [N, 0]. Raises ValueError when ``argmax`` does not have N entries.
     """
     if argmax is not None and argmax.numel() != final_hidden.shape[0]:
         raise ValueError(f"argmax has {argmax.numel()} entries for {final_hidden.shape[0]} "
                          f"positions")
     head = lm_head.float()
     rows = head[draft_ids] if draft_head is None else draft_head.float()
+    rows = rows if with_probs else rows[:0]  # [0, H]: [n, 0] probs, no softmax work
     probs, tops = [], []
     for part in final_hidden.float().split(chunk):
         if argmax is None:
@@ -123,12 +125,15 @@ class Collator:
     ``cache_argmax``: keep each row's full-vocabulary argmax (int32 on the CPU, 4 bytes per
     supervised position), keyed by ``row.key``, so that later epochs skip the ``[n, H] x [H, V]``
     logits (:func:`verifier_targets`); only for rows whose final states never change (stored
-    hidden states, not a live capture).
+    hidden states, not a live capture). ``with_probs=False``: ``target_probs`` is [N, 0] (the
+    objective reads only the labels: ``needs_target_probs`` of DFlash's objective).
     """
 
     def __init__(self, lm_head: torch.Tensor, d2t: torch.Tensor, device: torch.device, *,
-                 keep_final_hidden: bool = False, cache_argmax: bool = False) -> None:
+                 keep_final_hidden: bool = False, cache_argmax: bool = False,
+                 with_probs: bool = True) -> None:
         self.device = device
+        self.with_probs = with_probs
         self.keep_final_hidden = keep_final_hidden
         self.argmax_cache: dict[str, torch.Tensor] | None = {} if cache_argmax else None
         self.lm_head = lm_head.to(device, torch.float32)
@@ -160,7 +165,8 @@ class Collator:
             cached = None if self.argmax_cache is None else self.argmax_cache.get(r.key)
             p, lab, arg = verifier_targets(final, self.lm_head, self.draft_ids, self.t2d_index,
                                            with_argmax=True, argmax=cached,
-                                           draft_head=self.draft_head)
+                                           draft_head=self.draft_head,
+                                           with_probs=self.with_probs)
             if self.argmax_cache is not None and cached is None:
                 self.argmax_cache[r.key] = arg.to("cpu", torch.int32)
             probs.append(p)
@@ -169,7 +175,8 @@ class Collator:
             if self.keep_final_hidden:
                 finals.append(final.float())
         n_real = sum(r.input_ids.numel() for r in rows)
-        packed = torch.cat(probs) if probs else torch.zeros(0, K, device=self.device)
+        packed = torch.cat(probs) if probs else \
+            torch.zeros(0, K if self.with_probs else 0, device=self.device)
         final_hidden = torch.cat(finals) if finals else None
         return TrainBatch(ids, aux, sup, packed, label, n_real, top,
                           final_hidden).to(self.device)

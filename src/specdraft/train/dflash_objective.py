@@ -209,6 +209,7 @@ class DFlashObjective(nn.Module):
         self.seed = seed
         self.step = 0  # the optimizer step being taken (Trainer.train_step sets it)
         self.needs_final_hidden = labels == "soft"
+        self.needs_target_probs = False  # the draft-vocab teacher of EAGLE-3: never read here
         self.label_counts = torch.zeros(2, dtype=torch.float64)  # [differ, supervised]
 
     def row_generator(self, ids: torch.Tensor, sup: torch.Tensor) -> torch.Generator:

@@ -237,8 +237,10 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
     lengths = row_lengths(source)
     train_idx, val_idx = split_indices(source.keys(), cfg.val_fraction, cfg.seed)
     keep = getattr(objective, "needs_final_hidden", False)  # a full-vocabulary teacher
+    probs = getattr(objective, "needs_target_probs", True)  # DFlash reads only the labels
     data = Data(source, Collator(head["lm_head.weight"], d2t, env.device, keep_final_hidden=keep,
-                                 cache_argmax=not cfg.online), train_idx, val_idx, lengths)
+                                 cache_argmax=not cfg.online, with_probs=probs),
+                train_idx, val_idx, lengths)
     teacher = preflight_teacher(cfg, verifier, data, env)
     trainer = Trainer(cfg, env, objective, wrap(objective, env, cfg.parallel), data, out)
     try:
