@@ -286,3 +286,12 @@ def test_collator_without_probs_gives_the_same_labels():
         assert b.target_probs.shape == (int(full.sup.sum()), 0)
         assert torch.equal(b.label, full.label) and torch.equal(b.verifier_token,
                                                                 full.verifier_token)
+
+
+def test_verifier_targets_of_no_positions_have_the_probs_width():
+    """No supervised position: probs [0, K], or [0, 0] without probs (K = 12 here)."""
+    col = collator()
+    none = torch.zeros(0, 16)
+    assert verifier_targets(none, col.lm_head, col.draft_ids, col.t2d_index)[0].shape == (0, 12)
+    assert verifier_targets(none, col.lm_head, col.draft_ids, col.t2d_index,
+                            with_probs=False)[0].shape == (0, 0)

@@ -93,9 +93,6 @@ def verifier_targets(final_hidden: torch.Tensor, lm_head: torch.Tensor, draft_id
             tops.append(full.argmax(-1))
             del full  # else the next chunk's [n, V] is allocated while this one is alive
         probs.append(torch.softmax(part @ rows.T, dim=-1))  # [n, K]
-    if not probs:
-        out = head.new_zeros(0, draft_ids.numel()), torch.zeros(0, dtype=torch.long)
-        return (*out, torch.zeros(0, dtype=torch.long)) if with_argmax else out
     top = torch.cat(tops) if argmax is None else argmax.to(t2d_index.device, torch.long)
     out = torch.cat(probs), t2d_index[top]
     return (*out, top) if with_argmax else out
@@ -147,7 +144,7 @@ class Collator:
         for row in rows:
             check_row(row)
         B, T = len(rows), max(r.input_ids.numel() for r in rows)
-        K, width = self.draft_ids.numel(), rows[0].aux_hidden.shape[1]
+        width = rows[0].aux_hidden.shape[1]
         ids = torch.zeros(B, T, dtype=torch.long)
         aux = torch.zeros(B, T, width, dtype=torch.float32)
         sup = torch.zeros(B, T, dtype=torch.bool)
@@ -175,8 +172,7 @@ class Collator:
             if self.keep_final_hidden:
                 finals.append(final.float())
         n_real = sum(r.input_ids.numel() for r in rows)
-        packed = torch.cat(probs) if probs else \
-            torch.zeros(0, K if self.with_probs else 0, device=self.device)
+        packed = torch.cat(probs)  # rows is never empty: rows[0] above
         final_hidden = torch.cat(finals) if finals else None
         return TrainBatch(ids, aux, sup, packed, label, n_real, top,
                           final_hidden).to(self.device)
