@@ -55,6 +55,7 @@ def live(tmp_path_factory, smollm2_tokenizer_dir):
     with served(serve_config(serve_run, verifier, startup_s=400)) as [(url, cmd, _)]:
         yield {"url": url, "cmd": cmd, "verifier": verifier, "rows": (ids, masks),
                "hf": hf_run / "extract", "root": root, "serve_run": serve_run}
+    shutil.rmtree(root, ignore_errors=True)  # ~1 GB of runs, not kept to the session's end
 
 
 def _extract(live, name, **extra):

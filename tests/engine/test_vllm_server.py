@@ -9,6 +9,7 @@ server's ids."""
 from __future__ import annotations
 
 import io
+import shutil
 import json
 import os
 import socket
@@ -35,7 +36,9 @@ def _free_port() -> int:
 def smollm2_hf(tmp_path_factory):
     from specdraft.engines.verifier_dir import gguf_to_hf_dir
 
-    return gguf_to_hf_dir("smollm2", tmp_path_factory.mktemp("smollm2") / "hf")
+    root = tmp_path_factory.mktemp("smollm2")
+    yield gguf_to_hf_dir("smollm2", root / "hf")
+    shutil.rmtree(root, ignore_errors=True)  # 0.5 GB of floats, not kept to the session's end
 
 
 @pytest.fixture(scope="module")
