@@ -40,8 +40,9 @@ Checks, in this order (a check is not started once ``--deadline-s`` has passed: 
 MFU = counted FLOPs per second / ``--peak-tflops`` (790: the dense bf16 matmul rate measured on
 the lent H200, not its 989 datasheet figure). Counted FLOPs (:func:`train_flops`): matmuls
 only, 2 per multiply-add; forward = ``fc`` on the L = T-1 columns of each row once, then per
-TTT step the midlayer's linear layers on the L columns, the ``lm_head`` on that step's
-supervised columns, attention over the causal half (``2·h·(d_qk + d_v)`` per query-key pair:
+TTT step the midlayer's linear layers on the live columns (those some step supervises,
+``Eagle3DraftModel.ttt_step_live``; at step 0 q/k/v on every column), the ``lm_head`` on that
+step's supervised columns, attention over the causal half (``2·h·(d_qk + d_v)`` per query-key pair:
 L(L+1)/2 step-0 pairs plus one per earlier step); backward = 2 × forward, except ``fc`` (its
 input needs no gradient: 1 ×). Not counted: norms, softmax, rotary, the optimizer, the
 teacher (the batch's soft targets are given), and the kernel's recomputation in backward.
@@ -190,13 +191,19 @@ def train_flops(model: torch.nn.Module, batch: Any, steps: int) -> float:
     p_fc = model.fc.weight.numel()
     p_layer = sum(m.weight.numel() for m in model.midlayer.modules()
                   if isinstance(m, torch.nn.Linear))
+    attn = model.midlayer.self_attn
+    p_qkv = sum(m.weight.numel() for m in attn.modules()
+                if isinstance(m, torch.nn.Linear) and m is not attn.o_proj)
     p_head = model.lm_head.weight.numel()
     d_v = getattr(c, "v_head_dim", c.head_dim)
+    sups = [shift(batch.sup, k, L, False) for k in range(steps)]
+    live = int(torch.stack(sups).any(0).sum())  # columns the layer runs at (ttt_step_live)
     forward = 2.0 * B * L * p_fc
     for k in range(steps):
-        n_k = int(shift(batch.sup, k, L, False).sum())
+        n_k = int(sups[k].sum())
         pairs = L * (L + 1) / 2 + k * L
-        forward += 2.0 * B * L * p_layer + 2.0 * n_k * p_head
+        qkv_cols = B * L if k == 0 else live  # step 0: every column's q/k/v
+        forward += 2.0 * qkv_cols * p_qkv + 2.0 * live * (p_layer - p_qkv) + 2.0 * n_k * p_head
         forward += 2.0 * B * c.num_attention_heads * (c.head_dim + d_v) * pairs
     return 3 * forward - 2.0 * B * L * p_fc
 

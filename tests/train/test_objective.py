@@ -63,7 +63,7 @@ def hand_batch(loss_mask, K=10):
 def test_alignment_on_hand_made_batch():
     """T=6, loss_mask [0,0,0,1,1,1] (the docstring's worked example), 3 steps."""
     rec = Recorder(10)
-    obj = TTTObjective(rec, steps=3)
+    obj = TTTObjective(rec, steps=3, columns="all")  # the stand-in has no ttt_step_live
     out = obj(hand_batch([0, 0, 0, 1, 1, 1]), torch.ones(3))
     for k, (ids, pos, feat) in enumerate(rec.seen):
         assert ids[0].tolist() == [t + 1 + k if t + 1 + k < 6 else 0 for t in range(5)]
@@ -106,7 +106,7 @@ class Misser(Recorder):
 def test_aligned_columns_by_hand(align_topk, n_hit, n_miss):
     K = 10
     obj = TTTObjective(Misser(K, {(0, 2), (1, 1)}), steps=3, loss="hard",
-                        step_weight=1.0, align_topk=align_topk)
+                        step_weight=1.0, align_topk=align_topk, columns="all")
     out = obj(hand_batch([0, 0, 0, 1, 1, 1, 1, 1], K), torch.ones(3))
     e = torch.exp
     c_hit = torch.log(1 + (K - 1) * e(torch.tensor(-10.0)))
@@ -270,6 +270,78 @@ def test_supervised_columns_only_equal_the_dense_masked_loss(oov_policy):
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     assert torch.equal(out.hits, ref_hits)
+
+
+def tiny_mla_drafter(attn="split"):
+    from specdraft.models.eagle3_mla import Eagle3MLAConfig, Eagle3MLADraftModel
+
+    torch.manual_seed(0)
+    c = Eagle3MLAConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=4,
+                        head_dim=12, intermediate_size=64, rms_norm_eps=1e-6,
+                        rope_theta=10000.0, max_position_embeddings=512, vocab_size=40,
+                        draft_vocab_size=12, target_hidden_size=16, aux_layer_ids=(1, 2),
+                        attn_impl=attn, q_lora_rank=None, kv_lora_rank=8,
+                        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+    return Eagle3MLADraftModel(c)
+
+
+def tiny_qwen3_drafter(attn="split"):
+    torch.manual_seed(0)
+    d = tiny_drafter(attn)
+    c = type(d.config).from_dict({**d.config.to_dict(), "draft_layer": "qwen3"})
+    return Eagle3DraftModel(c)
+
+
+@pytest.mark.parametrize("make, attn", [(tiny_drafter, "dense"), (tiny_drafter, "split"),
+                                        (tiny_drafter, "fused"), (tiny_qwen3_drafter, "fused"),
+                                        (tiny_mla_drafter, "split")])
+def test_live_columns_equal_every_column(make, attn):
+    """The layer run only at the columns some step supervises (``columns="live"``, the
+    default) against every column (``"all"``, ``ttt_step``): the same loss, per-step sums,
+    hits and the gradient of every parameter, within float rounding, on rows whose prompts,
+    padding and tails leave columns out (Llama, Qwen3 and MLA layers; 4 TTT steps, so a column
+    four before the first supervised position is live for its last step only; ``oov_policy
+    "keep"`` so that every supervised column is in the loss). Planted (2026-12-06): the live
+    set without the last step's columns is caught (loss, gradients)."""
+    g = torch.Generator().manual_seed(5)
+    batch = collator()([random_row("a/0", 17, 9, g), random_row("b/0", 12, 4, g),
+                        random_row("c/0", 9, 8, g)])
+    results = []
+    for columns in ("all", "live"):
+        obj = TTTObjective(make(attn), steps=4, columns=columns, oov_policy="keep")
+        norm = obj.loss_counts(batch)
+        out = obj(batch, norm)
+        params = [p for p in obj.drafter.parameters() if p.requires_grad]
+        results.append((out, torch.autograd.grad(out.loss, params)))
+    (ref, ref_grads), (out, grads) = results
+    from specdraft.train.objective import shift
+
+    L = batch.input_ids.shape[1] - 1
+    live = torch.stack([shift(batch.sup, k, L, False) for k in range(4)]).any(0)
+    assert 0 < live.sum() < live.numel() - 8  # the live path really leaves columns out
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.loss_sum, ref.loss_sum, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out.hits, ref.hits) and torch.equal(out.sup, ref.sup)
+    assert len(grads) >= 12
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("make", [tiny_drafter, tiny_mla_drafter])
+def test_a_micro_batch_without_live_columns_has_zero_loss_and_zero_gradients(make):
+    """Rows with no supervised position (a micro-batch of prompts only): no live column; the
+    loss is 0 and every trainable parameter still gets a (zero) gradient, as on the
+    every-column path (DDP needs every parameter in the graph). It raised in ``o_proj``'s
+    reshape of 0 columns before (found by the online-training engine test)."""
+    g = torch.Generator().manual_seed(5)
+    batch = collator()([random_row("a/0", 9, 9, g), random_row("b/0", 6, 6, g)])
+    assert not batch.sup.any()
+    obj = TTTObjective(make("split"), steps=3)
+    out = obj(batch, obj.loss_counts(batch))
+    params = [p for p in obj.drafter.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(out.loss, params, allow_unused=True)
+    assert out.loss.item() == 0.0 and not out.hits.any()
+    assert all(gr is not None and not gr.any() for gr in grads)
 
 
 def test_collator_without_probs_gives_the_same_labels():

@@ -34,6 +34,8 @@ Two ways to run the layer:
   step ``k`` at column ``t`` is ``t + k``: at inference the engines place the ``k``-th drafted
   token one position after the previous one (vLLM ``v1/spec_decode/eagle.py`` increments
   ``positions`` per draft step), so query/key offsets in training equal those at serving time.
+  :meth:`Eagle3DraftModel.ttt_step_live` is the same step computed only at the columns a
+  supervised step reads (what training runs).
 - :meth:`Eagle3DraftModel.forward_cached` for inference with a :class:`DraftKVCache`.
 
 Model files never import ``torch.distributed``; parallelism is applied from outside.
@@ -326,6 +328,14 @@ class RMSNorm(nn.Module):
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """[B, kvh, S, d] -> [B, kvh*n_rep, S, d] for grouped-query attention."""
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def _scatter_columns(x: torch.Tensor, b: torch.Tensor, t: torch.Tensor, B: int, L: int
+                     ) -> torch.Tensor:
+    """Packed columns x [1, h, N, d] -> [B, h, L, d] with column ``(b[i], t[i])`` = ``x[0, :, i]``
+    and zeros elsewhere (differentiable)."""
+    _, h, _, d = x.shape
+    return x.new_zeros(B, L, h, d).index_put((b, t), x[0].transpose(0, 1)).permute(0, 2, 1, 3)
 
 
 def ttt_mask(T: int, steps: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -624,8 +634,8 @@ class Eagle3Attention(nn.Module):
 
     def out(self, o: torch.Tensor) -> torch.Tensor:
         """o [B, h, T, d] -> [B, T, H]."""
-        B, _, T, _ = o.shape
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+        B, h, T, d = o.shape
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, h * d))  # T may be 0
 
 
 class Eagle3MLP(nn.Module):
@@ -735,6 +745,48 @@ class Eagle3DraftModel(nn.Module):
         values = [repeat_kv(vj, n_rep) for _, vj in history]
         o = TTT_ATTENTION[self.config.attn_impl](q, keys, values, self.config.head_dim ** -0.5)
         return layer.finish(layer.self_attn.out(o), residual)
+
+    def ttt_step_live(self, input_ids: torch.Tensor, hidden: torch.Tensor,
+                      position_ids: torch.Tensor, history: list[tuple[torch.Tensor, torch.Tensor]],
+                      live: tuple[torch.Tensor, torch.Tensor], width: tuple[int, int]
+                      ) -> torch.Tensor:
+        """:meth:`ttt_step` computed only at the live columns ``live = (b, t)`` (int64 [N]
+        each, row-major, the same every step) of the ``width = (B, L)`` grid: the columns whose
+        output some later supervised step reads. Step 0 (``history`` empty): input_ids
+        [B, L], hidden [B, L, H], position_ids [B, L]; every column's key and value are
+        computed (each later query attends to the step-0 keys of its whole prefix), the
+        attention output, ``o_proj`` and MLP only at the live columns. Later steps: input_ids
+        [N], hidden [N, H], position_ids [N]; everything at the live columns only; their keys
+        and values go to ``history`` packed ([1, kvh, N, d]) and are scattered back to [B, L]
+        (zeros elsewhere) for the attention, so the live queries see exactly what they see in
+        :meth:`ttt_step`. Returns prenorm [N, H]: :meth:`ttt_step`'s rows at ``(b, t)`` up to
+        float rounding (``tests/train/test_objective.py``).
+
+        A prompt or padding column none of whose steps is supervised costs only its step-0
+        key/value here: on short-answer rows about half the layer's multiply-adds.
+        """
+        layer = self.midlayer
+        b, t = live
+        B, L = width
+        if not history:
+            x, residual = layer.attn_input(self.embed_tokens(input_ids), hidden)  # [B, L, *]
+            q, k, v = layer.self_attn.qkv(x, self.rotary(x, position_ids))  # [B, h, L, d]
+            history.append((k, v))
+            residual = residual[b, t]  # [N, H]
+        else:
+            x, residual = layer.attn_input(self.embed_tokens(input_ids)[None], hidden[None])
+            q, k, v = layer.self_attn.qkv(x, self.rotary(x, position_ids[None]))  # [1, h, N, d]
+            history.append((k, v))
+            q, residual = _scatter_columns(q, b, t, B, L), residual[0]
+        n_rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        keys = [repeat_kv(history[0][0], n_rep)]
+        values = [repeat_kv(history[0][1], n_rep)]
+        for kj, vj in history[1:]:
+            keys.append(repeat_kv(_scatter_columns(kj, b, t, B, L), n_rep))
+            values.append(repeat_kv(_scatter_columns(vj, b, t, B, L), n_rep))
+        o = TTT_ATTENTION[self.config.attn_impl](q, keys, values, self.config.head_dim ** -0.5)
+        o = o[b, :, t].transpose(0, 1).unsqueeze(0)  # [B, h, L, d] -> [1, h, N, d]
+        return layer.finish(layer.self_attn.out(o)[0], residual)
 
     def forward_cached(self, input_ids: torch.Tensor, hidden: torch.Tensor,
                        position_ids: torch.Tensor, cache: DraftKVCache,

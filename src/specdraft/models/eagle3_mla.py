@@ -189,9 +189,10 @@ class MLAAttention(nn.Module):
         c_kv, k_rope = self.kv_a_proj_with_mqa(x).split([c.kv_lora_rank, c.qk_rope_head_dim],
                                                         dim=-1)
         kv = self.kv_b_proj(self.kv_a_layernorm(c_kv))
-        kv = kv.view(B, T, c.num_attention_heads, -1).transpose(1, 2)
+        kv = kv.view(B, T, c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim)
+        kv = kv.transpose(1, 2)
         k_nope, v = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
-        q_rope, k_rope = apply_rotary_pos_emb_interleave(q_rope, k_rope.view(B, 1, T, -1),
+        q_rope, k_rope = apply_rotary_pos_emb_interleave(q_rope, k_rope.view(B, 1, T, c.qk_rope_head_dim),
                                                          *cos_sin)
         q = torch.cat([q_nope, q_rope], dim=-1) * self.q_gain
         k = torch.cat([k_nope, k_rope.expand(-1, c.num_attention_heads, -1, -1)], dim=-1)
@@ -201,9 +202,9 @@ class MLAAttention(nn.Module):
 
     def out(self, o: torch.Tensor) -> torch.Tensor:
         """o [B, h, T, nope+rope] (padded values) -> [B, T, H]."""
-        B, _, T, _ = o.shape
+        B, h, T, _ = o.shape
         o = o[..., :self.c.v_head_dim]
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, h * self.c.v_head_dim))
 
 
 class Eagle3MLADraftModel(Eagle3DraftModel):

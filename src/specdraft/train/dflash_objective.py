@@ -321,7 +321,7 @@ class DFlashObjective(nn.Module):
         else:
             ce = -logp
         hits = torch.zeros_like(valid)
-        hits[b, n, j] = logits.detach().argmax(-1) == label
+        hits[b, n, j] = logits.detach().max(-1).indices == label  # = argmax, faster on CPU
         loss = self.slot_loss(ce, logp, valid, (b, n, j), norm)
         if self.focal_weight or self.length_weight:
             dense = torch.zeros(valid.shape, device=logp.device).index_put((b, n, j), logp)
