@@ -41,9 +41,9 @@ MFU = counted FLOPs per second / ``--peak-tflops`` (790: the dense bf16 matmul r
 the lent H200, not its 989 datasheet figure). Counted FLOPs (:func:`train_flops`): matmuls
 only, 2 per multiply-add; forward = ``fc`` on the L = T-1 columns of each row once, then per
 TTT step the midlayer's linear layers on the live columns (those some step supervises,
-``Eagle3DraftModel.ttt_step_live``; at step 0 q/k/v on every column), the ``lm_head`` on that
-step's supervised columns, attention over the causal half (``2·h·(d_qk + d_v)`` per query-key pair:
-L(L+1)/2 step-0 pairs plus one per earlier step); backward = 2 × forward, except ``fc`` (its
+``Eagle3DraftModel.ttt_step_live``; at step 0 q/k/v on every column), the ``lm_head`` on
+that step's supervised columns, attention over the causal half (``2·h·(d_qk + d_v)`` per
+query-key pair: L(L+1)/2 step-0 pairs plus one per earlier step); backward = 2 × forward, except ``fc`` (its
 input needs no gradient: 1 ×). Not counted: norms, softmax, rotary, the optimizer, the
 teacher (the batch's soft targets are given), and the kernel's recomputation in backward.
 

@@ -192,8 +192,8 @@ class MLAAttention(nn.Module):
         kv = kv.view(B, T, c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim)
         kv = kv.transpose(1, 2)
         k_nope, v = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
-        q_rope, k_rope = apply_rotary_pos_emb_interleave(q_rope, k_rope.view(B, 1, T, c.qk_rope_head_dim),
-                                                         *cos_sin)
+        k_rope = k_rope.view(B, 1, T, c.qk_rope_head_dim)
+        q_rope, k_rope = apply_rotary_pos_emb_interleave(q_rope, k_rope, *cos_sin)
         q = torch.cat([q_nope, q_rope], dim=-1) * self.q_gain
         k = torch.cat([k_nope, k_rope.expand(-1, c.num_attention_heads, -1, -1)], dim=-1)
         # Under autocast the fp32 rotary tables promote q and k to fp32 while v stays bf16; the
