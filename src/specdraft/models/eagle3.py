@@ -757,9 +757,8 @@ class Eagle3DraftModel(nn.Module):
         computed (each later query attends to the step-0 keys of its whole prefix), the
         attention output, ``o_proj`` and MLP only at the live columns. Later steps: input_ids
         [N], hidden [N, H], position_ids [N]; everything at the live columns only; their keys
-        and values go to ``history`` packed ([1, kvh, N, d]) and are scattered back to [B, L]
-        (zeros elsewhere) for the attention, so the live queries see exactly what they see in
-        :meth:`ttt_step`. Returns prenorm [N, H]: :meth:`ttt_step`'s rows at ``(b, t)`` up to
+        and values go to ``history`` scattered once to [B, kvh, L, d] (zeros elsewhere), so the
+        live queries see exactly what they see in :meth:`ttt_step`. Returns prenorm [N, H]: :meth:`ttt_step`'s rows at ``(b, t)`` up to
         float rounding (``tests/train/test_objective.py``).
 
         A prompt or padding column none of whose steps is supervised costs only its step-0
@@ -776,14 +775,11 @@ class Eagle3DraftModel(nn.Module):
         else:
             x, residual = layer.attn_input(self.embed_tokens(input_ids)[None], hidden[None])
             q, k, v = layer.self_attn.qkv(x, self.rotary(x, position_ids[None]))  # [1, h, N, d]
-            history.append((k, v))
+            history.append((_scatter_columns(k, b, t, B, L), _scatter_columns(v, b, t, B, L)))
             q, residual = _scatter_columns(q, b, t, B, L), residual[0]
         n_rep = self.config.num_attention_heads // self.config.num_key_value_heads
-        keys = [repeat_kv(history[0][0], n_rep)]
-        values = [repeat_kv(history[0][1], n_rep)]
-        for kj, vj in history[1:]:
-            keys.append(repeat_kv(_scatter_columns(kj, b, t, B, L), n_rep))
-            values.append(repeat_kv(_scatter_columns(vj, b, t, B, L), n_rep))
+        keys = [repeat_kv(kj, n_rep) for kj, _ in history]
+        values = [repeat_kv(vj, n_rep) for _, vj in history]
         o = TTT_ATTENTION[self.config.attn_impl](q, keys, values, self.config.head_dim ** -0.5)
         o = o[b, :, t].transpose(0, 1).unsqueeze(0)  # [B, h, L, d] -> [1, h, N, d]
         return layer.finish(layer.self_attn.out(o)[0], residual)
