@@ -6,7 +6,7 @@ under `--columns live` an effective rate).
 
     python benchmarks/bench_train.py [--device cpu|cuda] [--steps 3] [--seq 2048] [--profile]
         [--dtype float32,bfloat16] [--columns live,all] [--sup-from 0.5] [--draft-vocab 8192]
-        [--rows 8]
+        [--rows 8] [--head fused,plain]
 
 ``--dtype``: the compute precisions to time, as ``specdraft train --dtype`` applies them
 (:func:`specdraft.train.loop.autocast_context`: fp32, or bf16 autocast over fp32 master
@@ -86,10 +86,10 @@ def profile_step(step, rows: int = 15) -> str:
 
 def bench(attn: str, device: str, steps: int, T: int, ttt: int, profile: bool = False,
           sup_from: float = 0.0, dtype: str = "auto", columns: str = "live",
-          draft_vocab: int = 32000, rows: int = 1) -> dict:
+          draft_vocab: int = 32000, rows: int = 1, head: str = "fused") -> dict:
     torch.manual_seed(0)
     model = smollm2_drafter(attn, draft_vocab).to(device)
-    obj = TTTObjective(model, steps=ttt, columns=columns)
+    obj = TTTObjective(model, steps=ttt, columns=columns, head=head)
     opt = torch.optim.AdamW([p for p in obj.parameters() if p.requires_grad], lr=1e-4,
                             betas=(0.9, 0.95))
     b = batch(T, model.config.draft_vocab_size, device, sup_from, rows)
@@ -109,7 +109,7 @@ def bench(attn: str, device: str, steps: int, T: int, ttt: int, profile: bool = 
         print(profile_step(lambda: one_step(obj, opt, b, norm, ctx)), flush=True)
     dt = sum(times[1:]) / steps
     r = {"attn": attn, "device": device, "dtype": dtype, "seq": T, "ttt": ttt,
-         "rows": rows, "columns": columns, "sup_from": sup_from, "draft_vocab": draft_vocab,
+         "rows": rows, "columns": columns, "head": head, "sup_from": sup_from, "draft_vocab": draft_vocab,
          "s_per_step": round(dt, 3),
          "tokens_per_s": round(T / dt, 1)}
     if device == "cuda":
@@ -136,15 +136,18 @@ def main() -> None:
                     "at the columns some TTT step supervises, the default), all (every column)")
     ap.add_argument("--draft-vocab", type=int, default=32000)
     ap.add_argument("--rows", type=int, default=1, help="rows the --seq tokens are split into")
+    ap.add_argument("--head", default="fused", help="comma-separated: fused (the head, soft "
+                    "cross-entropy and hits in row chunks, the default), plain (logits [N, K])")
     a = ap.parse_args()
     for dtype in a.dtype.split(","):
         for attn in a.attn.split(","):
             for columns in a.columns.split(","):
-                r = bench(attn, a.device, a.steps, a.seq, a.ttt, a.profile, a.sup_from, dtype,
-                          columns, a.draft_vocab, a.rows)
-                if "tflops" in r:
-                    r["mfu"] = round(r["tflops"] / a.peak_tflops, 3)
-                print(json.dumps(r), flush=True)
+                for head in a.head.split(","):
+                    r = bench(attn, a.device, a.steps, a.seq, a.ttt, a.profile, a.sup_from,
+                              dtype, columns, a.draft_vocab, a.rows, head)
+                    if "tflops" in r:
+                        r["mfu"] = round(r["tflops"] / a.peak_tflops, 3)
+                    print(json.dumps(r), flush=True)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ def hand_batch(loss_mask, K=10):
 def test_alignment_on_hand_made_batch():
     """T=6, loss_mask [0,0,0,1,1,1] (the docstring's worked example), 3 steps."""
     rec = Recorder(10)
-    obj = TTTObjective(rec, steps=3, columns="all")  # the stand-in has no ttt_step_live
+    # the stand-in has no ttt_step_live, and only logits() for the head
+    obj = TTTObjective(rec, steps=3, columns="all", head="plain")
     out = obj(hand_batch([0, 0, 0, 1, 1, 1]), torch.ones(3))
     for k, (ids, pos, feat) in enumerate(rec.seen):
         assert ids[0].tolist() == [t + 1 + k if t + 1 + k < 6 else 0 for t in range(5)]

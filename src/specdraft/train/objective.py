@@ -57,6 +57,7 @@ from torch import nn
 
 from specdraft.artifacts.batches import TrainBatch
 from specdraft.models.eagle3 import Eagle3DraftModel
+from specdraft.train.fused_head import head_soft_ce
 
 
 def shift(x: torch.Tensor, k: int, length: int, fill: float | int | bool = 0) -> torch.Tensor:
@@ -177,11 +178,15 @@ class TTTObjective(nn.Module):
     def __init__(self, drafter: Eagle3DraftModel, *, steps: int, step_weight: float = 0.8,
                  loss: str = "soft", oov_policy: str = "mask", align_topk: int = 0,
                  focal_weight: float = 0.0, focal_gamma: float = 2.0,
-                 length_weight: float = 0.0, columns: str = "live") -> None:
+                 length_weight: float = 0.0, columns: str = "live", head: str = "fused"
+                 ) -> None:
         super().__init__()
         if columns not in ("live", "all"):
             raise ValueError(f"columns {columns!r}: 'live' or 'all'")
+        if head not in ("fused", "plain"):
+            raise ValueError(f"head {head!r}: 'fused' or 'plain'")
         self.columns = columns
+        self.head = head
         self.focal_weight, self.focal_gamma = focal_weight, focal_gamma
         self.length_weight = length_weight
         self.drafter = drafter
@@ -231,6 +236,8 @@ class TTTObjective(nn.Module):
         loss = hidden.new_zeros((), dtype=torch.float32)
         loss_sum, hits, sups = [], [], []
         terms = self.focal_weight or self.length_weight
+        fused = self.head == "fused" and self.loss_kind == "soft" and not terms \
+            and not self.align_topk
         chain: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logp, valid) [B, L] per step
         step_sup = [shift(batch.sup, k, L, False) for k in range(self.steps)]  # S x [B, L]
         if self.columns == "live":
@@ -252,20 +259,27 @@ class TTTObjective(nn.Module):
                 prenorm = m.ttt_step(ids, hidden, cols + k, history)  # [B, L, H]
                 rows = prenorm[b, t]
             hidden = m.feedback(prenorm)  # the next step's input (norm_output)
-            logits = m.logits(rows)  # [N, K]
             label = batch.label[b, t + 1 + k]  # [N]
             mask = self.loss_mask(torch.ones_like(label, dtype=torch.bool), label)  # [N]
             if self.align_topk:
                 mask = mask & aligned[b, t]
-            per_col = self.step_loss(logits, _rows(batch.target_probs, packed[b, t + 1 + k]),
-                                     label)  # [N]
-            step_sum = (per_col * mask).sum()
+            probs = _rows(batch.target_probs, packed[b, t + 1 + k])  # [N, K]
             scale = self.weights[k] / norm[k] if norm[k] > 0 else 0.0  # no loss positions: 0
-            loss = loss + scale * step_sum
-            loss_sum.append(step_sum.detach())
             hit = torch.zeros_like(sup)
-            # max's indices: argmax's (the first on ties), 2-3x faster than argmax on CPU
-            hit[b, t] = logits.detach().max(-1).indices == label
+            if fused:
+                weighted, per_col, top = head_soft_ce(m.norm(rows), m.lm_head.weight, probs,
+                                                      mask.float() * scale)  # [], [N], [N]
+                step_sum = (per_col * mask).sum()
+                loss = loss + weighted
+            else:
+                logits = m.logits(rows)  # [N, K]
+                per_col = self.step_loss(logits, probs, label)  # [N]
+                step_sum = (per_col * mask).sum()
+                loss = loss + scale * step_sum
+                # max's indices: argmax's (the first on ties), 2-3x faster than argmax on CPU
+                top = logits.detach().max(-1).indices
+            loss_sum.append(step_sum.detach())
+            hit[b, t] = top == label
             hits.append(hit)
             if terms:
                 chain.append(self.chain_step(logits, label, b, t, sup))

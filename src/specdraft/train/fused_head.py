@@ -1,0 +1,95 @@
+"""The draft-vocab head and its soft cross-entropy in one pass, a chunk of rows at a time.
+
+The plain path (``TTTObjective.step_loss`` after ``Eagle3DraftModel.logits``) materialises the
+logits ``[N, K]`` of every supervised column, casts them to float32, takes ``log_softmax``,
+multiplies by the teacher, and autograd keeps those ``[N, K]`` tensors for a backward that
+walks them again. At a draft vocabulary of 8,192 (SmolLM2's quality rows) that is about a
+third of a training step on the CPU, all of it memory traffic; at 32,000 draft ids it is also
+the step's largest activation memory.
+
+:func:`head_soft_ce` computes, for row chunks of ``chunk`` columns, ``z = x W^T`` (float32),
+the per-column loss ``lse(z) * sum(p) - p . z`` (``= -sum_j p_j log softmax(z)_j``, for any
+``p``), the greedy draft ``argmax z``, and, when a gradient is wanted, ``dL/dz = w (sum(p)
+softmax(z) - p)`` and from it ``dL/dx = dL/dz W`` and ``dL/dW = (dL/dz)^T x`` at once, while the
+chunk is in cache. Nothing of size ``[N, K]`` outlives a chunk; the backward only scales the
+kept ``[N, H]`` and ``[K, H]`` gradients by the incoming scalar. This is the fused
+linear-cross-entropy idea (the loss's gradient in the forward, chunked; e.g. Liger-Kernel's
+``FusedLinearCrossEntropy``), written here for a soft target and the hit counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+DEFAULT_CHUNK = 128  # rows per float32 chunk: [128, 8192] = 4 MiB; measured in bench_train.py
+
+
+class _HeadSoftCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor,
+                w: torch.Tensor, dtype: torch.dtype, chunk: int):
+        n = x.shape[0]
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        per_col = torch.empty(n, dtype=torch.float32, device=x.device)  # [N]
+        top = torch.empty(n, dtype=torch.long, device=x.device)  # [N]
+        xb, wb = x.to(dtype), weight.to(dtype)  # [N, H], [K, H]
+        logits = xb @ wb.T  # [N, K] in the compute dtype, one matmul
+        grad = torch.empty_like(logits) if need_x or need_w else None  # dL/dz [N, K]
+        for s in range(0, n, chunk):  # the float32 work a cache-sized chunk at a time
+            z = logits[s: s + chunk].float()  # [C, K]
+            p = probs[s: s + chunk].float()  # [C, K]
+            mass = p.sum(-1)  # [C]
+            lse = torch.logsumexp(z, -1)  # [C]
+            per_col[s: s + chunk] = lse * mass - (p * z).sum(-1)
+            top[s: s + chunk] = z.max(-1).indices  # argmax's first index on ties
+            if grad is not None:  # w (sum(p) softmax(z) - p)
+                g = z.sub_(lse[:, None]).exp_().mul_(mass[:, None]).sub_(p)
+                grad[s: s + chunk] = g.mul_(w[s: s + chunk, None].float())
+        del logits
+        gx = (grad @ wb).float() if need_x else None  # [N, H]
+        gw = (grad.T @ xb).float() if need_w else None  # [K, H]
+        ctx.save_for_backward(gx, gw)
+        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.mark_non_differentiable(per_col, top)
+        loss = (per_col * w.float()).sum()
+        return loss, per_col, top
+
+    @staticmethod
+    def backward(ctx: Any, g_loss: torch.Tensor, _g_col: Any, _g_top: Any):
+        gx, gw = ctx.saved_tensors
+        one = g_loss.device.type == "cpu" and g_loss.item() == 1.0  # loss.backward(): skip a pass
+        dx = (gx if one else gx * g_loss).to(ctx.x_dtype) if gx is not None else None
+        dw = (gw if one else gw * g_loss).to(ctx.w_dtype) if gw is not None else None
+        return dx, dw, None, None, None, None
+
+
+def head_soft_ce(x: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, w: torch.Tensor,
+                 *, chunk: int = DEFAULT_CHUNK) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Soft cross-entropy of the head ``x @ weight.T`` against ``probs``, weighted per column.
+
+    x [N, H] float (the normed hidden states; gradients flow to it), weight [K, H] float (the
+    draft ``lm_head``; gradients flow to it unless it does not require one), probs [N, K]
+    float (the teacher; no gradient), w [N] float (each column's loss weight: the loss mask
+    times the step's scale; no gradient). The matmuls run in the autocast dtype when autocast
+    is on for ``x``'s device (as ``nn.Linear`` would), else in ``x``'s dtype; the softmax and
+    the loss in float32.
+
+    Returns ``(loss, per_col, top)``: ``loss`` = ``sum_n w_n per_col_n`` (scalar float32, the
+    only differentiable output), ``per_col`` [N] float32 = ``-sum_j probs_nj log
+    softmax(z_n)_j`` (detached), ``top`` [N] long = ``argmax_j z_nj`` (the first on ties).
+    Equal to ``-(probs * log_softmax(lm_head(x).float())).sum(-1)`` and its gradients up to
+    float rounding (``tests/train/test_fused_head.py``). Raises ValueError on mismatched
+    shapes.
+    """
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"head_soft_ce: x {tuple(x.shape)} and weight {tuple(weight.shape)} "
+                         "must be [N, H] and [K, H]")
+    if probs.shape != (x.shape[0], weight.shape[0]) or w.shape != (x.shape[0],):
+        raise ValueError(f"head_soft_ce: probs {tuple(probs.shape)} must be [N, K] = "
+                         f"[{x.shape[0]}, {weight.shape[0]}] and w {tuple(w.shape)} [N]")
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(
+        x.device.type) else x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        return _HeadSoftCE.apply(x, weight, probs.detach(), w.detach(), dtype, chunk)
