@@ -34,7 +34,8 @@ def test_values_and_gradients_equal_the_plain_path(chunk):
     """float32: loss, per-column loss, argmax and the gradients of x and W equal autograd's
     through log_softmax (chunks of 1, 7 (37 = 5 x 7 + 2) and one chunk). Planted (2026-12-06):
     the gradient without the teacher's mass factor, or without the column weight, fails the
-    gradient check; the loss without ``* mass`` fails the per-column check at column 3."""
+    gradient check; the loss without ``* mass`` fails the per-column check at column 3; the
+    backward ignoring an upstream gradient other than 1 fails the scaled check."""
     x, weight, probs, w = case()
     ref = plain(x, weight, probs, w)
     ref_grads = torch.autograd.grad(ref[0], (x, weight))
@@ -46,6 +47,10 @@ def test_values_and_gradients_equal_the_plain_path(chunk):
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert not grads[0][5].any() and not grads[0][3].any()
+    scaled = torch.autograd.grad(-2.5 * head_soft_ce(x, weight, probs, w, chunk=chunk)[0],
+                                 (x, weight))  # an upstream gradient other than 1
+    for a, b in zip(scaled, ref_grads):
+        torch.testing.assert_close(a, -2.5 * b, rtol=1e-5, atol=1e-5)
 
 
 def test_a_frozen_head_and_no_grad():

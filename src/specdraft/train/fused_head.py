@@ -11,12 +11,13 @@ the step's largest activation memory.
 under autocast), then, a chunk of ``chunk`` rows at a time in float32 while the chunk is in
 cache: the per-column loss ``lse(z) * sum(p) - p . z`` (``= -sum_j p_j log softmax(z)_j`` for
 any ``p``), the greedy draft ``argmax z`` and, when a gradient is wanted, ``dL/dz = w (sum(p)
-softmax(z) - p)`` written back in the compute dtype; then ``dL/dx = dL/dz W`` and ``dL/dW =
-(dL/dz)^T x`` as one matmul each. Only the ``[N, H]`` and ``[K, H]`` gradients are kept for
-the backward, which scales them by the incoming scalar; the ``[N, K]`` tensors (the logits
-and ``dL/dz``, in the compute dtype) are freed when the forward returns. This is the fused
-linear-cross-entropy idea (the loss's gradient taken in the forward, e.g. Liger-Kernel's
-``FusedLinearCrossEntropy``), written here for a soft target and the hit counts.
+softmax(z) - p)`` written back in the compute dtype. Autograd keeps only that ``dL/dz`` and
+the compute-dtype input (``[N, K]`` and ``[N, H]``, bf16 under autocast: 2 bytes per logit
+against the plain path's 10, its bf16 logits, their float32 copy and the float32
+log-softmax); the backward runs the two matmuls ``dL/dx = dL/dz W`` and ``dL/dW = (dL/dz)^T
+x``, as the plain path's would. This is the fused linear-cross-entropy idea (the loss's
+gradient taken in the forward, chunked; e.g. Liger-Kernel's ``FusedLinearCrossEntropy``),
+written here for a soft target and the hit counts.
 
 Measured (``benchmarks/bench_train.py --head plain,fused``, CPU, bf16 autocast, one thread
 under load, 2026-12-06): draft vocab 8,192, 8 rows, TTT 4: 1.14x faster steps; draft vocab
@@ -57,20 +58,23 @@ class _HeadSoftCE(torch.autograd.Function):
                 g = z.sub_(lse[:, None]).exp_().mul_(mass[:, None]).sub_(p)
                 grad[s: s + chunk] = g.mul_(w[s: s + chunk, None].float())
         del logits
-        gx = (grad @ wb).float() if need_x else None  # [N, H]
-        gw = (grad.T @ xb).float() if need_w else None  # [K, H]
-        ctx.save_for_backward(gx, gw)
-        ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+        ctx.save_for_backward(grad, xb, weight)
+        ctx.dtype, ctx.x_dtype = dtype, x.dtype
         ctx.mark_non_differentiable(per_col, top)
         loss = (per_col * w.float()).sum()
         return loss, per_col, top
 
     @staticmethod
     def backward(ctx: Any, g_loss: torch.Tensor, _g_col: Any, _g_top: Any):
-        gx, gw = ctx.saved_tensors
-        one = g_loss.device.type == "cpu" and g_loss.item() == 1.0  # loss.backward(): skip a pass
-        dx = (gx if one else gx * g_loss).to(ctx.x_dtype) if gx is not None else None
-        dw = (gw if one else gw * g_loss).to(ctx.w_dtype) if gw is not None else None
+        grad, xb, weight = ctx.saved_tensors  # [N, K] and [N, H] compute dtype, [K, H]
+        one = g_loss.device.type == "cpu" and g_loss.item() == 1.0  # loss.backward(): no pass
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = (grad @ weight.to(ctx.dtype)).to(ctx.x_dtype)  # [N, H]
+            dx = dx if one else dx * g_loss
+        if ctx.needs_input_grad[1]:
+            dw = (grad.T @ xb).to(weight.dtype)  # [K, H]
+            dw = dw if one else dw * g_loss
         return dx, dw, None, None, None, None
 
 
@@ -82,9 +86,9 @@ def head_soft_ce(x: torch.Tensor, weight: torch.Tensor, probs: torch.Tensor, w: 
     draft ``lm_head``; gradients flow to it unless it does not require one), probs [N, K]
     float (the teacher; no gradient), w [N] float (each column's loss weight: the loss mask
     times the step's scale; no gradient); ``chunk``: rows per float32 chunk (none:
-    ``CHUNK_CPU`` on the CPU, ``CHUNK_OTHER`` elsewhere). The matmuls run in the autocast dtype when autocast
-    is on for ``x``'s device (as ``nn.Linear`` would), else in ``x``'s dtype; the softmax and
-    the loss in float32.
+    ``CHUNK_CPU`` on the CPU, ``CHUNK_OTHER`` elsewhere). The matmuls run in the autocast
+    dtype when autocast is on for ``x``'s device (as ``nn.Linear`` would), else in ``x``'s
+    dtype; the softmax and the loss in float32.
 
     Returns ``(loss, per_col, top)``: ``loss`` = ``sum_n w_n per_col_n`` (scalar float32, the
     only differentiable output), ``per_col`` [N] float32 = ``-sum_j probs_nj log
