@@ -13,8 +13,8 @@ cache: the per-column loss ``lse(z) * sum(p) - p . z`` (``= -sum_j p_j log softm
 any ``p``), the greedy draft ``argmax z`` and, when a gradient is wanted, ``dL/dz = w (sum(p)
 softmax(z) - p)`` written back in the compute dtype. Autograd keeps only that ``dL/dz`` and
 the compute-dtype input (``[N, K]`` and ``[N, H]``, bf16 under autocast: 2 bytes per logit
-against the plain path's 10, its bf16 logits, their float32 copy and the float32
-log-softmax); the backward runs the two matmuls ``dL/dx = dL/dz W`` and ``dL/dW = (dL/dz)^T
+kept, against the plain path's 4 for its float32 log-softmax, and none of its transient
+float32 copies of the logits); the backward runs the two matmuls ``dL/dx = dL/dz W`` and ``dL/dW = (dL/dz)^T
 x``, as the plain path's would. This is the fused linear-cross-entropy idea (the loss's
 gradient taken in the forward, chunked; e.g. Liger-Kernel's ``FusedLinearCrossEntropy``),
 written here for a soft target and the hit counts.
