@@ -4,8 +4,8 @@ The plain path (``TTTObjective.step_loss`` after ``Eagle3DraftModel.logits``) ma
 logits ``[N, K]`` of every supervised column, casts them to float32, takes ``log_softmax``,
 multiplies by the teacher, and autograd keeps those ``[N, K]`` tensors for a backward that
 walks them again. At a draft vocabulary of 8,192 (SmolLM2's quality rows) that is about a
-third of a training step on the CPU, all of it memory traffic; at 32,000 draft ids it is also
-the step's largest activation memory.
+third of a training step on the CPU, all of it memory traffic; at 32,000 draft ids the kept
+float32 log-softmax is 128 KB per supervised position and TTT step.
 
 :func:`head_soft_ce` runs the head as one matmul in the compute dtype (``z = x W^T``, bf16
 under autocast), then, a chunk of ``chunk`` rows at a time in float32 while the chunk is in
@@ -19,9 +19,10 @@ x``, as the plain path's would. This is the fused linear-cross-entropy idea (the
 gradient taken in the forward, chunked; e.g. Liger-Kernel's ``FusedLinearCrossEntropy``),
 written here for a soft target and the hit counts.
 
-Measured (``benchmarks/bench_train.py --head plain,fused``, CPU, bf16 autocast, one thread
-under load, 2026-12-06): draft vocab 8,192, 8 rows, TTT 4: 1.14x faster steps; draft vocab
-32,000, one 2,048-token row, TTT 7: 1.9x faster, peak RSS 2.6 GiB instead of 3.8.
+Measured (``benchmarks/bench_train.py --head plain,fused``, CPU, bf16 autocast, one thread,
+2026-12-06, side by side in one run but beside other work, so the time ratios are rough): draft
+vocab 8,192, 8 rows, TTT 4: 1.1x faster steps (1.08x-1.17x alone on 2 threads); draft vocab
+32,000, one 2,048-token row, TTT 7: 3.2x faster, peak RSS 2.8 GiB instead of 3.7.
 """
 
 from __future__ import annotations
