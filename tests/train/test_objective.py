@@ -293,6 +293,17 @@ def tiny_qwen3_drafter(attn="split"):
     return Eagle3DraftModel(c)
 
 
+def assert_same_unroll(out, grads, ref, ref_grads):
+    """Two TTT unrolls of the same drafter and batch agree: loss and per-step sums within float
+    rounding, the same hits and supervised columns, every parameter's gradient (>= 12)."""
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.loss_sum, ref.loss_sum, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out.hits, ref.hits) and torch.equal(out.sup, ref.sup)
+    assert len(grads) >= 12
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("make, attn", [(tiny_drafter, "dense"), (tiny_drafter, "split"),
                                         (tiny_drafter, "fused"), (tiny_qwen3_drafter, "fused"),
                                         (tiny_mla_drafter, "split")])
@@ -320,12 +331,7 @@ def test_live_columns_equal_every_column(make, attn):
     L = batch.input_ids.shape[1] - 1
     live = torch.stack([shift(batch.sup, k, L, False) for k in range(4)]).any(0)
     assert 0 < live.sum() < live.numel() - 8  # the live path really leaves columns out
-    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out.loss_sum, ref.loss_sum, rtol=1e-5, atol=1e-6)
-    assert torch.equal(out.hits, ref.hits) and torch.equal(out.sup, ref.sup)
-    assert len(grads) >= 12
-    for a, b in zip(grads, ref_grads):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert_same_unroll(out, grads, ref, ref_grads)
 
 
 @pytest.mark.parametrize("make", [tiny_drafter, tiny_mla_drafter])
