@@ -340,8 +340,9 @@ def wallclock_steps(steps: int, own_s: float, peer_s: float) -> int:
     :func:`wallclock_epochs`: run it as ``--epochs E --train-set max_steps=N`` with E epochs
     covering N steps (the cosine schedule then ends at step N). 2026-12-06: 735 steps of
     EAGLE-3.1 (``--epochs 7 --train-set max_steps=735``, validation and checkpoint only at the
-    end) timed alone in 919 s against the peer's 972 s. ValueError on a non-positive time or
-    step count."""
+    end) timed alone in 919 s against the peer's 972 s; re-timed in one window that night (the
+    machine's speed drifts by about 8 % over a day): the peer 1,048.5 s, 819 steps with the
+    fused head 1,050.1 s, so 817 fit. ValueError on a non-positive time or step count."""
     return _fits("steps", steps, own_s, peer_s)
 
 
