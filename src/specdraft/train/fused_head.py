@@ -14,15 +14,16 @@ any ``p``), the greedy draft ``argmax z`` and, when a gradient is wanted, ``dL/d
 softmax(z) - p)`` written back in the compute dtype. Autograd keeps only that ``dL/dz`` and
 the compute-dtype input (``[N, K]`` and ``[N, H]``, bf16 under autocast: 2 bytes per logit
 kept, against the plain path's 4 for its float32 log-softmax, and none of its transient
-float32 copies of the logits); the backward runs the two matmuls ``dL/dx = dL/dz W`` and ``dL/dW = (dL/dz)^T
-x``, as the plain path's would. This is the fused linear-cross-entropy idea (the loss's
+float32 copies of the logits); the backward runs the two matmuls ``dL/dx = dL/dz W`` and
+``dL/dW = (dL/dz)^T x``, as the plain path's would. This is the fused linear-cross-entropy idea (the loss's
 gradient taken in the forward, chunked; e.g. Liger-Kernel's ``FusedLinearCrossEntropy``),
 written here for a soft target and the hit counts.
 
-Measured (``benchmarks/bench_train.py --head plain,fused``, CPU, bf16 autocast, one thread,
-2026-12-06, side by side in one run but beside other work, so the time ratios are rough): draft
-vocab 8,192, 8 rows, TTT 4: 1.1x faster steps (1.08x-1.17x alone on 2 threads); draft vocab
-32,000, one 2,048-token row, TTT 7: 3.2x faster, peak RSS 2.8 GiB instead of 3.7.
+Measured (``benchmarks/bench_train.py``, its plain and fused heads, CPU, bf16 autocast, one
+thread, 2026-12-06, side by side in one run but beside other work, so the time ratios are
+rough): draft vocab 8,192, 8 rows, TTT 4: 1.1x faster steps (1.08x-1.17x alone on 2
+threads); draft vocab 32,000, one 2,048-token row, TTT 7: 3.2x faster, peak RSS 2.8 GiB
+instead of 3.7.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 # rows per float32 chunk: on the CPU [128, 8192] = 4 MiB, a cache-sized piece (64 to 256 were
-# equal, 4,096 1.13x slower: bench_train.py --head, 2026-12-06); elsewhere fewer, larger kernel
+# equal, 4,096 1.13x slower: benchmarks/bench_train.py, 2026-12-06); elsewhere fewer, larger kernel
 # launches ([2048, 32000] = 250 MiB; not measured on a GPU yet)
 CHUNK_CPU, CHUNK_OTHER = 128, 2048
 
