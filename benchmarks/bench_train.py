@@ -109,7 +109,8 @@ def bench(attn: str, device: str, steps: int, T: int, ttt: int, profile: bool = 
         print(profile_step(lambda: one_step(obj, opt, b, norm, ctx)), flush=True)
     dt = sum(times[1:]) / steps
     r = {"attn": attn, "device": device, "dtype": dtype, "seq": T, "ttt": ttt,
-         "rows": rows, "columns": columns, "head": head, "sup_from": sup_from, "draft_vocab": draft_vocab,
+         "rows": rows, "columns": columns, "head": head, "sup_from": sup_from,
+         "draft_vocab": draft_vocab,
          "s_per_step": round(dt, 3),
          "tokens_per_s": round(T / dt, 1)}
     if device == "cuda":

@@ -15,9 +15,9 @@ softmax(z) - p)`` written back in the compute dtype. Autograd keeps only that ``
 the compute-dtype input (``[N, K]`` and ``[N, H]``, bf16 under autocast: 2 bytes per logit
 kept, against the plain path's 4 for its float32 log-softmax, and none of its transient
 float32 copies of the logits); the backward runs the two matmuls ``dL/dx = dL/dz W`` and
-``dL/dW = (dL/dz)^T x``, as the plain path's would. This is the fused linear-cross-entropy idea (the loss's
-gradient taken in the forward, chunked; e.g. Liger-Kernel's ``FusedLinearCrossEntropy``),
-written here for a soft target and the hit counts.
+``dL/dW = (dL/dz)^T x``, as the plain path's would. This is the fused linear-cross-entropy
+idea (the loss's gradient taken in the forward, chunked; e.g. Liger-Kernel's
+``FusedLinearCrossEntropy``), written here for a soft target and the hit counts.
 
 Measured (``benchmarks/bench_train.py``, its plain and fused heads, CPU, bf16 autocast, one
 thread, 2026-12-06, side by side in one run but beside other work, so the time ratios are
