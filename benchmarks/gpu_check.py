@@ -43,9 +43,10 @@ only, 2 per multiply-add; forward = ``fc`` on the L = T-1 columns of each row on
 TTT step the midlayer's linear layers on the live columns (those some step supervises,
 ``Eagle3DraftModel.ttt_step_live``; at step 0 q/k/v on every column), the ``lm_head`` on
 that step's supervised columns, attention over the causal half (``2·h·(d_qk + d_v)`` per
-query-key pair: L(L+1)/2 step-0 pairs plus one per earlier step); backward = 2 × forward, except ``fc`` (its
-input needs no gradient: 1 ×). Not counted: norms, softmax, rotary, the optimizer, the
-teacher (the batch's soft targets are given), and the kernel's recomputation in backward.
+query-key pair: L(L+1)/2 step-0 pairs plus one per earlier step); backward = 2 × forward,
+except ``fc`` (its input needs no gradient: 1 ×). Not counted: norms, softmax, rotary, the
+optimizer, the teacher (the batch's soft targets are given), and the kernel's recomputation in
+backward.
 
 Run on a lent GPU (docs/scale.md "A GPU check"): ``benchmarks/gpu_check`` (the shell wrapper:
 carried wheels, then this script). Dry run on a CPU (CI, ``tests/benchmarks/test_gpu_check.py``):

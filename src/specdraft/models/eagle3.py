@@ -716,6 +716,12 @@ class Eagle3DraftModel(nn.Module):
         """prenorm [B, T, H] -> draft-vocab logits [B, T, K]."""
         return self.lm_head(self.norm(prenorm))
 
+    def head_parts(self, prenorm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`logits` unapplied, for a fused head and loss
+        (:func:`specdraft.train.fused_head.head_soft_ce`): ``(norm(prenorm) [..., H],
+        lm_head.weight [K, H])``, whose product is the logits."""
+        return self.norm(prenorm), self.lm_head.weight
+
     def feedback(self, prenorm: torch.Tensor) -> torch.Tensor:
         """prenorm [B, T, H] -> the hidden state fed to the next draft step [B, T, H]:
         ``norm(prenorm)`` with ``norm_output`` (EAGLE-3.1), else ``prenorm`` (EAGLE-3). vLLM
@@ -758,8 +764,9 @@ class Eagle3DraftModel(nn.Module):
         attention output, ``o_proj`` and MLP only at the live columns. Later steps: input_ids
         [N], hidden [N, H], position_ids [N]; everything at the live columns only; their keys
         and values go to ``history`` scattered once to [B, kvh, L, d] (zeros elsewhere), so the
-        live queries see exactly what they see in :meth:`ttt_step`. Returns prenorm [N, H]: :meth:`ttt_step`'s rows at ``(b, t)`` up to
-        float rounding (``tests/train/test_objective.py``).
+        live queries see exactly what they see in :meth:`ttt_step`. Returns prenorm [N, H]:
+        :meth:`ttt_step`'s rows at ``(b, t)`` up to float rounding
+        (``tests/train/test_objective.py``).
 
         A prompt or padding column none of whose steps is supervised costs only its step-0
         key/value here: on short-answer rows about half the layer's multiply-adds.

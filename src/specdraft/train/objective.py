@@ -267,17 +267,16 @@ class TTTObjective(nn.Module):
             scale = self.weights[k] / norm[k] if norm[k] > 0 else 0.0  # no loss positions: 0
             hit = torch.zeros_like(sup)
             if fused:
-                weighted, per_col, top = head_soft_ce(m.norm(rows), m.lm_head.weight, probs,
+                weighted, per_col, top = head_soft_ce(*m.head_parts(rows), probs,
                                                       mask.float() * scale)  # [], [N], [N]
-                step_sum = (per_col * mask).sum()
-                loss = loss + weighted
             else:
                 logits = m.logits(rows)  # [N, K]
                 per_col = self.step_loss(logits, probs, label)  # [N]
-                step_sum = (per_col * mask).sum()
-                loss = loss + scale * step_sum
+                weighted = scale * (per_col * mask).sum()
                 # max's indices: argmax's (the first on ties), 2-3x faster than argmax on CPU
                 top = logits.detach().max(-1).indices
+            loss = loss + weighted
+            step_sum = (per_col * mask).sum()
             loss_sum.append(step_sum.detach())
             hit[b, t] = top == label
             hits.append(hit)
