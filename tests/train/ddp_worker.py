@@ -1,5 +1,5 @@
 """Worker of the DDP equivalence test: ``ddp_worker.py RUN GRAD_ACCUM [ddp|fsdp]
-[eagle3|dflash|dflash-recipe]``
+[eagle3|eagle3-noise|dflash|dflash-recipe]``
 (under
 torchrun or not).
 Every rank rebuilds the same tiny verifier, corpus and source (seeded)."""
@@ -18,8 +18,10 @@ torch.set_num_threads(1)
 run_dir, accum = Path(sys.argv[1]), int(sys.argv[2])
 parallel = sys.argv[3] if len(sys.argv) > 3 else "ddp"
 drafter = sys.argv[4] if len(sys.argv) > 4 else "eagle3"
-kind = {"ttt_steps": 3} if drafter == "eagle3" else {"drafter": "dflash", "dflash_block_size": 4,
-                                                      "dflash_anchors": 4}
+kind = {"ttt_steps": 3} if drafter.startswith("eagle3") else {
+    "drafter": "dflash", "dflash_block_size": 4, "dflash_anchors": 4}
+if drafter == "eagle3-noise":  # the aux-state noise is drawn per row: the split must not matter
+    kind["hidden_noise"] = 0.2
 if drafter == "dflash-recipe":  # every new DFlash setting and both acceptance terms
     kind.update(dflash_anchor_draw="distinct", dflash_weights="dpace", dflash_labels="soft",
                 dflash_init_std=0.02, loss_focal_weight=0.5, loss_expected_length_weight=0.5)

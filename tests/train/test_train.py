@@ -68,14 +68,17 @@ def test_loss_falls_and_step0_accuracy_rises(run_dir, verifier, source):
     assert w["lm_head.weight"].shape == (len(w["d2t"]), 64)
 
 
-def test_exact_resume_after_a_crash(tmp_path, corpus, verifier, source, monkeypatch):
-    """Uninterrupted 12 steps == crash after step 6 (checkpoint at 4) + --resume."""
+@pytest.mark.parametrize("noise", [0.0, 0.2])
+def test_exact_resume_after_a_crash(tmp_path, corpus, verifier, source, monkeypatch, noise):
+    """Uninterrupted 12 steps == crash after step 6 (checkpoint at 4) + --resume (also with
+    the aux-state noise, drawn from the step and the row)."""
     from memsource import crash_then_resume, write_vocab
 
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
         write_vocab(d, corpus, 1024)
-    kw = dict(max_steps=12, save_every=4, eval_every=4, log_every=1, grad_accum=2)
+    kw = dict(max_steps=12, save_every=4, eval_every=4, log_every=1, grad_accum=2,
+              hidden_noise=noise)
     m = crash_then_resume(run, cfg, a, b, kw, verifier=verifier, source=source,
                           monkeypatch=monkeypatch)
     assert m["resumed"]
@@ -113,12 +116,14 @@ def test_online_equals_offline(tmp_path, corpus, verifier, source):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel, drafter", [("ddp", "eagle3"), ("fsdp", "eagle3"),
-                                               ("ddp", "dflash"), ("ddp", "dflash-recipe")])
+                                               ("ddp", "eagle3-noise"), ("ddp", "dflash"),
+                                               ("ddp", "dflash-recipe")])
 def test_two_process_gloo_ddp_equals_one_process(tmp_path, parallel, drafter):
     """torchrun --nproc-per-node 2 (grad_accum 1) == 1 process (grad_accum 2): same weights,
     with DDP and with FSDP2 (fully_shard); for DFlash too (its anchors are drawn per row from
     the step and the row's tokens, so they do not depend on the split; ``dflash-recipe``: with
-    distinct anchors, D-PACE, soft labels and both acceptance terms)."""
+    distinct anchors, D-PACE, soft labels and both acceptance terms; ``eagle3-noise``: with the
+    aux-state noise, drawn per row)."""
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}  # the caller's source too
     worker = str(HERE / "ddp_worker.py")

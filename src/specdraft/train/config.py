@@ -48,6 +48,9 @@ class TrainConfig(StageConfig):
                                                              "fraction of --lr.")
     warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    hidden_noise: float = Field(0.0, ge=0, description="Training only: each aux hidden state x "
+                                                       "gets x + this * rms(x) * N(0, I) "
+                                                       "(specdraft.train.augment).")
     beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
     beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
     grad_clip: float = Field(0.5, ge=0, description="Max gradient norm; 0 disables clipping.")

@@ -10,6 +10,7 @@ gradient is the same whether the global batch is split over micro-batches or ran
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import resource
 import time
@@ -30,6 +31,7 @@ from specdraft.core.progress import StageProgress
 from specdraft.kinds import Objective
 from specdraft.models.io import Drafter, save_drafter
 from specdraft.train import checkpoint as ckpt
+from specdraft.train.augment import noised_aux_hidden
 from specdraft.train.config import TrainConfig
 from specdraft.artifacts.batches import Collator
 from specdraft.train.data import MicroBatch, plan_epoch, plan_eval, rank_micro_batches
@@ -158,6 +160,16 @@ class Trainer:
     def load(self, mb: MicroBatch):
         return self.data.collate(self.data.source.get_batch(list(mb)))
 
+    def load_train(self, mb: MicroBatch):
+        """:meth:`load`, then the training-only noise on the aux states (``hidden_noise``)."""
+        batch = self.load(mb)
+        if not self.cfg.hidden_noise:
+            return batch
+        aux = noised_aux_hidden(batch.aux_hidden, mb, [self.data.lengths[i] for i in mb],
+                                len(self.data.source.aux_layer_ids), self.cfg.hidden_noise,
+                                self.cfg.seed, self.step)
+        return dataclasses.replace(batch, aux_hidden=aux)
+
     def autocast(self):
         return autocast_context(self.dtype, self.env.device)
 
@@ -170,7 +182,7 @@ class Trainer:
         if expect is not None and self._expected != self.epoch:
             self._expected = self.epoch
             expect(self.rows_ahead())
-        batches = [self.load(mb) for mb in mbs]
+        batches = [self.load_train(mb) for mb in mbs]
         self.model.train()  # before loss_counts: DFlash draws its training anchors there,
         self.objective.step = self.step  # from generators seeded by the step (and the row)
         counts = sum(self.objective.loss_counts(b) for b in batches)  # [S]
