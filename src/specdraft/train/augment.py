@@ -18,6 +18,7 @@ run draws what the uninterrupted one drew.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -58,7 +59,9 @@ def noised_aux_hidden(aux: torch.Tensor, rows: Sequence[int], lengths: Sequence[
         if n > T:
             raise ValueError(f"noised_aux_hidden: row {row} has {n} tokens, batch has {T}")
         eps[b, :n] = torch.randn(n, D, generator=row_generator(seed, step, row))
-    x = aux.float().view(B, T, n_aux, D // n_aux)
-    rms = x.pow(2).mean(-1, keepdim=True).sqrt()
-    out = x + sigma * rms * eps.to(aux.device).view(B, T, n_aux, D // n_aux)
+    H = D // n_aux
+    x = aux.float().view(B, T, n_aux, H)
+    rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # sqrt(H) * rms(x)
+    out = torch.addcmul(x, rms, eps.to(aux.device).view(B, T, n_aux, H),
+                        value=sigma / math.sqrt(H))
     return out.view(B, T, D).to(aux.dtype)
