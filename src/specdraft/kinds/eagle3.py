@@ -28,7 +28,7 @@ from specdraft.core.errors import InputError
 from specdraft.core.verifier_identity import drafter_identity
 from specdraft.engines.vllm_names import installed_mapper
 from specdraft.models import eagle3_mla as mla
-from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel, default_draft_layer
+from specdraft.models.eagle3 import Eagle3Config, Eagle3DraftModel, resolve_draft_layer
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def build(options: Any, profile: Any, source: Any, head: dict[str, torch.Tensor]
     its shape rules), ``embed_tokens`` copied (frozen), d2t/t2d set; the profile and the
     verifier's ``identity`` travel in the drafter's config (``train/best``, ``train/last``).
 
-    ``options`` (the train config): ``drafter_layer`` (``auto``: :func:`default_draft_layer`),
+    ``options`` (the train config): ``drafter_layer`` (``auto``: :func:`resolve_draft_layer`),
     the EAGLE-3.1 norms, ``attn_impl``, ``seed`` and ``lm_head_init``: ``verifier`` (default)
     starts ``lm_head`` [K, H] at the verifier's rows of the draft vocabulary,
     ``head["lm_head.weight"][arange(K) + d2t]``, so the drafter starts from the verifier's own
@@ -93,8 +93,7 @@ def build(options: Any, profile: Any, source: Any, head: dict[str, torch.Tensor]
     ``nn.Linear``'s init. Measured on the quality benchmark (docs/benchmarks.md "Quality").
 
     Raises :class:`InputError` when the source's hidden size or vocab size disagree."""
-    layer = (default_draft_layer(profile.model_type) if options.drafter_layer == "auto"
-             else options.drafter_layer)
+    layer = resolve_draft_layer(options.drafter_layer, profile.model_type)
     config = LAYERS[layer].config.from_profile(
         profile, draft_vocab_size=d2t.numel(), aux_layer_ids=tuple(source.aux_layer_ids),
         attn_impl=options.attn_impl, norm_before_residual=options.norm_before_residual,

@@ -267,6 +267,12 @@ def default_draft_layer(model_type: str) -> str:
     return DRAFT_LAYER_BY_FAMILY.get(model_type, "llama")
 
 
+def resolve_draft_layer(choice: str, model_type: str) -> str:
+    """``TrainConfig.drafter_layer`` made concrete: ``auto`` is :func:`default_draft_layer` of
+    the verifier's ``model_type``, any other choice is itself."""
+    return default_draft_layer(model_type) if choice == "auto" else choice
+
+
 def drafter_mlp_width(p: VerifierProfile) -> int:
     """The drafter's MLP width for verifier profile ``p`` (rules in
     :meth:`Eagle3Config.from_profile`); :class:`ConfigError` when neither a dense width nor

@@ -117,7 +117,7 @@ def _engine_can_serve(stages: dict[str, StageConfig], verifier: str, path: str |
     from specdraft.core.profile import load_hf_config, resolve_profile
     from specdraft.engines.python import vllm_python
     from specdraft.engines.vllm_cpu import combination, vllm_refusals
-    from specdraft.models.eagle3 import default_draft_layer
+    from specdraft.models.eagle3 import resolve_draft_layer
 
     if ev.engine == "auto":
         try:
@@ -128,8 +128,7 @@ def _engine_can_serve(stages: dict[str, StageConfig], verifier: str, path: str |
         profile = resolve_profile(load_hf_config(verifier))
     except (SpecdraftError, OSError, ValueError):
         return  # an unreadable verifier is named by the first stage that loads it
-    layer = (default_draft_layer(profile.model_type) if train.drafter_layer == "auto"
-             else train.drafter_layer)
+    layer = resolve_draft_layer(train.drafter_layer, profile.model_type)
     refusals = vllm_refusals(combination(train.drafter, layer, profile))
     if refusals:
         auto = f" ({layer})" if layer != train.drafter_layer else ""
