@@ -7,8 +7,8 @@ and so that with the EAGLE-3.1 norms before ``fc`` it is noise of size σ after 
 
 Why: a drafter trained for several epochs on a few thousand answers memorises them (on the
 quality rows of docs/benchmarks.md the training τ̂ reaches 3.4 while validation stays at 2.7).
-EAGLE (arXiv 2401.15077, §4 "Training") adds uniform noise to the features it trains on for
-the same reason; this is a scale-free Gaussian form of that idea, not its code.
+EAGLE's training (arXiv 2401.15077; SafeAILab/EAGLE's dataset transform) adds uniform noise to
+the hidden states it trains on; this is a scale-free Gaussian form of that idea, not its code.
 
 Determinism: the noise of row ``r`` at step ``s`` comes from a generator seeded by
 ``(seed, s, r)`` and covers the row's own positions only, so it does not depend on which
