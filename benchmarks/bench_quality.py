@@ -106,6 +106,11 @@ ABLATIONS: dict[str, tuple[str, dict, dict]] = {
                                 {}),
     # the first-error focal term on the chain drafter (2026-12-06, afternoon)
     "eagle3.1-lr1e3-focal": ("eagle3.1", {"lr": 1e-3, "loss_focal_weight": 1.0}, {}),
+    # against memorisation, and the verifier's head frozen for speed (2026-12-06, late night;
+    # run with --epochs 7 --train-set max_steps=N: docs/benchmarks.md "two regularisers")
+    "eagle3.1-lr1e3-wd01": ("eagle3.1", {"lr": 1e-3, "weight_decay": 0.1}, {}),
+    "eagle3.1-lr1e3-noise01": ("eagle3.1", {"lr": 1e-3, "hidden_noise": 0.1}, {}),
+    "eagle3.1-lr1e3-frozen": ("eagle3.1", {"lr": 1e-3, "lm_head_init": "verifier-frozen"}, {}),
 }
 
 #: Rows measured against another row instead of their drafter's own baseline: each one's
@@ -113,7 +118,8 @@ ABLATIONS: dict[str, tuple[str, dict, dict]] = {
 ABLATION_PARENTS: dict[str, str] = {
     name: "eagle3.1-lr1e3" for name in ("eagle3.1-lr1e3-sw1", "eagle3.1-lr1e3-batch1024",
                                         "eagle3.1-lr1e3-explen4", "eagle3.1-lr1e3-explen16",
-                                        "eagle3.1-lr1e3-focal")}
+                                        "eagle3.1-lr1e3-focal", "eagle3.1-lr1e3-wd01",
+                                        "eagle3.1-lr1e3-noise01", "eagle3.1-lr1e3-frozen")}
 
 
 def apply_sets(cfg: dict, section: str, items: list[str]) -> None:
