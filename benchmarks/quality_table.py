@@ -25,6 +25,8 @@ B row names, or comma-separated lists of them, one pair per training seed), writ
         --note best_vs_peer_best_equal_wallclock "how the budget was measured" --note size "..."
 
 ``--note KEY TEXT`` puts TEXT in the JSON: in headline KEY, or at the top level under KEY.
+``--keep NAME`` carries headline NAME unchanged from the file already there (its own date and
+commit): re-measure one comparison after the other's run directories are gone.
 """
 
 from __future__ import annotations
@@ -127,13 +129,32 @@ def git_commit() -> str:
 
 
 def write_json(path: Path, heads: dict[str, dict], *, commit: str | None = None,
-               date: str | None = None, notes: dict[str, str] | None = None) -> dict[str, Any]:
+               date: str | None = None, notes: dict[str, str] | None = None,
+               keep: tuple[str, ...] = ()) -> dict[str, Any]:
     """Write the headline comparisons to ``path`` (``{"date", "commit", "seeds", NAME: ...}``,
     ``seeds`` the sorted training seeds of every headline's drafter rows; ``notes``: more
-    top-level keys, e.g. ``size``); returns it."""
+    top-level keys, e.g. ``size``); returns it. Each headline carries the ``date`` and
+    ``commit`` it was measured at. ``keep``: headline names carried unchanged from the file
+    already at ``path`` (with its other top-level keys, unless ``notes`` gives them), so one
+    comparison can be re-measured while the other's run directories are gone; a kept
+    headline written before headlines had their own date takes the old file's. ValueError
+    when a kept name is missing there or is also in ``heads``."""
+    date = date or datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    commit = commit or git_commit()
+    heads = {n: {**h, "date": date, "commit": commit} for n, h in heads.items()}
+    extra: dict[str, Any] = {}
+    if keep:
+        old = json.loads(path.read_text()) if path.exists() else {}
+        for name in keep:
+            if name in heads or name not in old:
+                raise ValueError(f"--keep {name}: " + ("also a --headline of this call"
+                                 if name in heads else f"not in {path}"))
+            heads[name] = {"date": old.get("date"), "commit": old.get("commit"), **old[name]}
+        extra = {k: v for k, v in old.items()
+                 if k not in HEADLINES and k not in ("date", "commit", "seeds")}
     seeds = sorted({s for h in heads.values() for s in h["seeds"] if s is not None})
-    doc = {"date": date or datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-           "commit": commit or git_commit(), "seeds": seeds, **heads, **(notes or {})}
+    doc = {"date": date, "commit": commit, "seeds": seeds,
+           **heads, **extra, **(notes or {})}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return doc
@@ -177,6 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--note", nargs=2, action="append", default=[], metavar=("KEY", "TEXT"),
                     help="a note in the JSON: KEY a --headline NAME (the note goes in that "
                     "comparison) or a top-level key (e.g. size)")
+    ap.add_argument("--keep", action="append", default=[], metavar="NAME",
+                    help="carry headline NAME unchanged (its date and commit) from the "
+                    "existing --json file")
     ap.add_argument("--json", type=Path, default=REPO / "docs" / "quality-latest.json",
                     help="where --headline writes (default docs/quality-latest.json)")
     a = ap.parse_args(argv)
@@ -202,7 +226,10 @@ def main(argv: list[str] | None = None) -> None:
                 ap.error(f"--note {key}: not a --headline of this call, nor a free key")
             else:
                 top[key] = text
-        write_json(a.json, heads, notes=top)
+        try:
+            write_json(a.json, heads, notes=top, keep=tuple(a.keep))
+        except ValueError as err:
+            ap.error(str(err))
         print(f"\nheadline -> {a.json}")
 
 

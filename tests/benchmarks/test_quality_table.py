@@ -120,3 +120,39 @@ def test_two_peers_of_one_kind_need_names(tmp_path):
     for peer, want in (("spec:eagle3-defaults", 2.0 / 1.2), ("spec:eagle3-lr1e3", 1.25)):
         h = quality_table.headline(rows, "best_vs_peer_best_equal_wallclock", "e31", peer, seeds)
         assert h["ratio"] == pytest.approx(want)
+
+
+def test_keep_carries_a_headline_unchanged(tmp_path):
+    """Re-measure one headline while the other's run directories are gone: ``--keep`` carries
+    the other from the file already there, with the date and commit it was measured at (the
+    old file's top level, for a file written before headlines had their own), and its other
+    top-level keys; the new one gets today's. A kept name that is missing there or is also a
+    ``--headline`` of the call is refused and the file is left as it was."""
+    dflash = make_run(tmp_path, "dflash", [15, 15, 15, 15], seed=0)
+    best = make_run(tmp_path, "e31", [20, 20, 20, 20], seed=2)
+    peer = make_peer(tmp_path, "dflash", [12, 12, 12, 12])
+    out = tmp_path / "q.json"
+    rows, _, seeds = quality_table.collect([dflash], [peer])
+    old = quality_table.headline(rows, "dflash_vs_peer_dflash_equal_epochs", "dflash",
+                                 "spec:dflash", seeds)
+    out.write_text(json.dumps({"date": "2026-12-05", "commit": "old", "seeds": [0],
+                               "dflash_vs_peer_dflash_equal_epochs": old, "size": "full"}))
+    before = out.read_text()
+    for bad in ("best_vs_peer_best_equal_wallclock", "not_there"):
+        with pytest.raises(SystemExit):
+            quality_table.main([str(best), "--peer", str(peer), "--headline",
+                                "best_vs_peer_best_equal_wallclock", "e31", "spec:dflash",
+                                "--keep", bad, "--json", str(out)])
+        assert out.read_text() == before
+    quality_table.main([str(best), "--peer", str(peer), "--headline",
+                        "best_vs_peer_best_equal_wallclock", "e31", "spec:dflash",
+                        "--keep", "dflash_vs_peer_dflash_equal_epochs", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    kept = doc["dflash_vs_peer_dflash_equal_epochs"]
+    assert {k: v for k, v in kept.items() if k not in ("date", "commit")} == \
+        json.loads(json.dumps(old))
+    assert (kept["date"], kept["commit"]) == ("2026-12-05", "old")
+    new = doc["best_vs_peer_best_equal_wallclock"]
+    assert new["ratio"] == pytest.approx(80 / 48)  # 20 * 4 / 40 over 12 * 4 / 40
+    assert (new["date"], new["commit"]) == (doc["date"], doc["commit"]) != ("2026-12-05", "old")
+    assert doc["seeds"] == [0, 2] and doc["size"] == "full"
