@@ -334,6 +334,55 @@ def test_live_columns_equal_every_column(make, attn):
     assert_same_unroll(out, grads, ref, ref_grads)
 
 
+@pytest.mark.parametrize("make, attn, align_topk, head, warm", [
+    (tiny_drafter, "fused", 1, "fused", 30), (tiny_drafter, "split", 1, "plain", 30),
+    (tiny_drafter, "fused", 2, "plain", 30), (tiny_mla_drafter, "split", 1, "fused", 30),
+    (tiny_drafter, "fused", 1, "fused", 0)])
+def test_aligned_columns_only_equal_the_masked_unroll(make, attn, align_topk, head, warm):
+    """With ``align_topk`` the live path computes a column's step k only while it is aligned
+    (every earlier step's label in that step's top-a): against every column computed and the
+    unaligned ones masked (``columns="all"``, the reference), the same loss, per-step sums and
+    gradient of every parameter within float rounding, the same ``chain`` and ``reach`` counts
+    (so the same τ̂), and hits only where the reference has them (the skipped columns' hits are
+    unknown: misses). The drafter is trained 30 steps first so that its columns leave the
+    alignment at different steps; untrained, no column is left by the last step (the first
+    full-size run raised there). Planted (2026-12-07): the later steps' rows taken unreindexed
+    (the first rows of the step before) is caught; so is the alignment's ``[N, a]`` view that
+    raised on 0 columns."""
+    from specdraft.train.metrics import hit_counts
+
+    g = torch.Generator().manual_seed(5)
+    batch = collator()([random_row("a/0", 17, 5, g), random_row("b/0", 12, 2, g),
+                        random_row("c/0", 9, 3, g)])
+    drafter = make(attn)
+    pre = TTTObjective(drafter, steps=4)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=3e-2)
+    for _ in range(warm):
+        opt.zero_grad()
+        pre(batch, pre.loss_counts(batch)).loss.backward()
+        opt.step()
+    results = []
+    for columns in ("all", "live"):
+        obj = TTTObjective(drafter, steps=4, columns=columns, align_topk=align_topk,
+                           head=head if columns == "live" else "plain",
+                           oov_policy="keep" if make is tiny_mla_drafter else "mask")
+        out = obj(batch, obj.loss_counts(batch))
+        params = [p for p in obj.drafter.parameters() if p.requires_grad]
+        results.append((out, torch.autograd.grad(out.loss, params)))
+    (ref, ref_grads), (out, grads) = results
+    counts, ref_counts = hit_counts(out.hits, out.sup), hit_counts(ref.hits, ref.sup)
+    # trained: columns leave the alignment at every step, some stay to the last; untrained:
+    # none is left at the last step
+    assert (ref_counts[2][-1] > 0) == bool(warm) and ref_counts[2][0] < ref_counts[0][0]
+    assert counts[1].sum() < ref_counts[1].sum()  # some hits were skipped
+    torch.testing.assert_close(counts[2:], ref_counts[2:], rtol=0, atol=0)
+    assert torch.equal(out.sup, ref.sup) and not (out.hits & ~ref.hits).any()
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.loss_sum, ref.loss_sum, rtol=1e-4, atol=1e-6)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("make", [tiny_drafter, tiny_mla_drafter])
 def test_a_micro_batch_without_live_columns_has_zero_loss_and_zero_gradients(make):
     """Rows with no supervised position (a micro-batch of prompts only): no live column; the

@@ -35,7 +35,9 @@ class TrainConfig(StageConfig):
                                                  "label of every earlier step was in that "
                                                  "step's top-N draft logits (1: the chain's "
                                                  "argmax; 0: every column). GRIFFIN, "
-                                                 "arXiv 2502.11018.")
+                                                 "arXiv 2502.11018; speculators masks at 1. "
+                                                 "The steps out of the loss are not computed: "
+                                                 "a cheaper step.")
     oov_policy: Literal["mask", "keep"] = Field(
         "mask", description="Labels outside the draft vocabulary: mask them out of the loss, "
                             "or keep them with the restricted target (needs --loss soft).")

@@ -42,8 +42,23 @@ drafter's own state fed to step k describes a token that was rejected, a case de
 meets. With ``a``, step k's loss counts column ``t`` only while the label of every earlier step
 ``j < k`` at ``t`` was among that step's top-``a`` draft logits (``a = 1``: its argmax). Step 0
 is always counted. The divisor stays ``norm[k]`` (all loss positions of step k), so a step's
-loss is weighted by how often it is reached, as its acceptance is in ``τ``. Accuracy metrics
-are unchanged (``hits`` is top-1 at every supervised column).
+loss is weighted by how often it is reached, as its acceptance is in ``τ``. speculators 0.9
+masks its TTT loss the same way at top-1 (``prev_correct`` in its ``eagle3/core.py``).
+
+A column out of the alignment at step k is out of every later step's loss too, and its step-k
+state feeds only its own later steps (a later query sees the step-0 keys of its prefix and its
+own column's keys of steps >= 1, :func:`specdraft.models.eagle3.ttt_mask`), so nothing it
+computes from step k on reaches the loss or the gradient. On the live path
+(``columns="live"``, the default) those steps are not computed: step 0 runs at its supervised
+columns, step k at the columns still aligned and supervised, each set a subset of the one
+before. The loss and the gradient are the masked unroll's up to float rounding, and so are the
+``chain`` and ``reach`` counts (hence ``τ̂``); the skipped columns' hits are unknown and count
+as misses, so the per-step ``acc`` (not ``cond_acc``) reads lower than the masked unroll's.
+With the acceptance terms, whose chains read every supervised step, every live column is
+computed and masked instead. On the quality rows (SmolLM2-135M, draft vocab 8,192, TTT 4,
+the head frozen) 1,050 steps fit in the time 755 took without it (docs/benchmarks.md,
+2026-12-07; ``benchmarks/bench_train_rows.py`` times settings side by side on a run's rows).
+Without ``align_topk`` the accuracy metrics count every supervised column.
 """
 
 from __future__ import annotations
@@ -237,24 +252,34 @@ class TTTObjective(nn.Module):
         loss_sum, hits, sups = [], [], []
         terms = self.focal_weight or self.length_weight
         fused = self.head == "fused" and self.loss_kind == "soft" and not terms \
-            and not self.align_topk
+            and self.align_topk <= 1
+        # aligned columns only: with align_topk, a column's later steps are out of the loss
+        # once it leaves the alignment, so they are not computed at all (the same loss and
+        # gradient; the hits there are unknown and count as misses)
+        skip = bool(self.align_topk) and self.columns == "live" and not terms
         chain: list[tuple[torch.Tensor, torch.Tensor]] = []  # (logp, valid) [B, L] per step
         step_sup = [shift(batch.sup, k, L, False) for k in range(self.steps)]  # S x [B, L]
         if self.columns == "live":
-            live = torch.stack(step_sup).any(0).nonzero(as_tuple=True)  # [Nl] each
+            need = step_sup[0] if skip else torch.stack(step_sup).any(0)  # [B, L]
+            live = need.nonzero(as_tuple=True)  # [Nl] each
             slot = torch.full((B, L), -1, dtype=torch.long, device=cols.device)  # [B, L]
             slot[live] = torch.arange(live[0].numel(), device=cols.device)
         for k in range(self.steps):
             ids = shift(batch.input_ids, k, L)  # [B, L] token x_{t+1+k}
             sup = step_sup[k]  # [B, L]
-            b, t = sup.nonzero(as_tuple=True)  # [N] supervised columns; position p = t+1+k
+            if skip and k:  # the columns still aligned: a subset of the last step's
+                live = (aligned & sup).nonzero(as_tuple=True)  # [Nk] each
+                hidden = hidden[slot[live]]  # [Nk, H]
+                slot[live] = torch.arange(live[0].numel(), device=cols.device)
+            # [N] the columns in the loss (supervised; aligned too with skip); p = t+1+k
+            b, t = live if skip else sup.nonzero(as_tuple=True)
             if self.columns == "live":
                 if k:
                     ids, at = ids[live], live[1] + k  # [Nl]
                 else:
                     at = cols
                 prenorm = m.ttt_step_live(ids, hidden, at, history, live, (B, L))  # [Nl, H]
-                rows = prenorm[slot[b, t]]  # [N, H]
+                rows = prenorm if skip else prenorm[slot[b, t]]  # [N, H]
             else:
                 prenorm = m.ttt_step(ids, hidden, cols + k, history)  # [B, L, H]
                 rows = prenorm[b, t]
@@ -283,7 +308,10 @@ class TTTObjective(nn.Module):
             if terms:
                 chain.append(self.chain_step(logits, label, b, t, sup))
             if self.align_topk and k + 1 < self.steps:
-                top = logits.detach().topk(min(self.align_topk, logits.shape[-1]), dim=-1).indices
+                if not fused:  # fused: align_topk is 1, and top is the argmax already
+                    top = logits.detach().topk(min(self.align_topk, logits.shape[-1]),
+                                               dim=-1).indices
+                top = top[:, None] if top.dim() == 1 else top  # [N, a]
                 in_top = torch.zeros_like(sup)
                 in_top[b, t] = (top == label.unsqueeze(-1)).any(-1)  # label -1: never in top
                 aligned = aligned & in_top
