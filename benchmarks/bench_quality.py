@@ -256,6 +256,10 @@ def main() -> None:
                     help="override one extract field (YAML value; e.g. aux_layers=[2,28] for "
                     "--train-set dflash_target_layers=spread), repeatable; with "
                     "generate..vocab copied, --from extract")
+    ap.add_argument("--vocab-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one vocab field (e.g. draft_vocab_size=4096), repeatable; "
+                    "with generate..prepare copied, --from vocab (or the vocab stage run "
+                    "so, then --from extract or train)")
     ap.add_argument("--peer", action="store_true", help="also train speculators 0.9.0 on the "
                     "same rows and hidden states and eval its drafter the same way (with "
                     "--until before train: the peer alone, e.g. at another --train-set lr)")
@@ -296,6 +300,7 @@ def main() -> None:
     try:
         apply_sets(cfg, "train", args.train_set)
         apply_sets(cfg, "extract", args.extract_set)
+        apply_sets(cfg, "vocab", args.vocab_set)
     except ValueError as err:
         ap.error(str(err))
     cfg_path.write_text(yaml.safe_dump(cfg))
