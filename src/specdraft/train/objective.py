@@ -56,8 +56,9 @@ before. The loss and the gradient are the masked unroll's up to float rounding, 
 as misses, so the per-step ``acc`` (not ``cond_acc``) reads lower than the masked unroll's.
 With the acceptance terms, whose chains read every supervised step, every live column is
 computed and masked instead. On the quality rows (SmolLM2-135M, draft vocab 8,192, TTT 4,
-the head frozen) 1,050 steps fit in the time 755 took without it (docs/benchmarks.md,
-2026-12-07; ``benchmarks/bench_train_rows.py`` times settings side by side on a run's rows).
+the head frozen, CPU) a step of a drafter at 83 % step-0 training accuracy costs 0.83x, and
+1,050 steps fit in the time 755 took without it (``benchmarks/bench_train_rows.py``;
+docs/benchmarks.md, 2026-12-07).
 Without ``align_topk`` the accuracy metrics count every supervised column.
 """
 
