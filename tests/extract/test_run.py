@@ -151,6 +151,11 @@ def test_refusals(tmp_path, tiny_model):
     with pytest.raises(ConfigError, match=r"outside \[1, 3\]"):  # id N = 4 is refused too
         extract(run_dir, tiny_model, aux_layers=(1, 5), overwrite=True)
     extract(run_dir, tiny_model)
+    done = {p.name: p.read_bytes() for p in (run_dir / "extract").iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match=r"outside \[1, 3\]"):  # refused before deleting
+        extract(run_dir, tiny_model, aux_layers=(1, 5), overwrite=True)
+    assert {p.name: p.read_bytes() for p in (run_dir / "extract").iterdir()
+            if p.is_file()} == done and "manifest.json" in done
     with pytest.raises(StageDirError, match="--resume"):
         extract(run_dir, tiny_model)
     with pytest.raises(StageDirError, match="storage"):

@@ -115,6 +115,28 @@ def test_train_refuses_zero_rows_before_any_step(run_dir, verifier, source):
     assert not (run_dir / "train" / "checkpoints").exists()
 
 
+def _files(directory: Path) -> dict:
+    return {p.relative_to(directory): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def test_refused_overwrite_keeps_the_trained_drafter(run_dir, verifier, source):
+    """``--overwrite`` empties RUN/train only once the checks pass: a failed teacher check
+    leaves the drafter it would have replaced byte for byte."""
+    def zero(r):
+        return dataclasses.replace(r, aux_hidden=torch.zeros_like(r.aux_hidden))
+
+    cfg = TrainConfig(run_dir=run_dir, max_steps=1, ttt_steps=1, warmup_steps=0,
+                      batch_tokens=144, val_fraction=0.2)
+    run(cfg, verifier=verifier, source=source)
+    before = _files(run_dir / "train")
+    assert Path("manifest.json") in before and len(before) > 3
+    with pytest.raises(InputError, match=r"row s3/0 aux id 1: 36 of 36 tokens all-zero"):
+        run(cfg.model_copy(update={"overwrite": True}), verifier=verifier,
+            source=Planted(source, zero, [3]))
+    assert _files(run_dir / "train") == before
+
+
 def test_skipped_check_is_recorded(run_dir, verifier, source, tmp_path):
     """A verifier directory transformers cannot load (config but no weights, as for a model
     only an engine serves): the comparison is skipped, the reason lands in the manifest."""

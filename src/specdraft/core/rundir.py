@@ -23,6 +23,33 @@ def stage_dir(run_dir: str | Path, stage: str) -> Path:
     return Path(run_dir) / stage
 
 
+def check_stage_dir(run_dir: str | Path, stage: str, *, resume: bool = False,
+                    overwrite: bool = False, resumable: bool = True) -> Path:
+    """Lock ``RUN/<stage>`` for this process and refuse what :func:`open_stage_dir` would
+    refuse, changing nothing; return the path.
+
+    A stage whose own checks come after its inputs are loaded (train: the drafter's settings
+    against the extracted layers, the teacher check; extract: the verifier's binding and aux
+    layers) calls this first and :func:`open_stage_dir` once those checks pass, so a refused
+    ``--overwrite`` deletes nothing (a trained drafter or hours of hidden states stay).
+    Raises :class:`StageDirError` for both flags, a directory another process holds, or work
+    there without ``--resume``/``--overwrite``.
+    """
+    if resume and overwrite:
+        raise StageDirError("--resume and --overwrite exclude each other; pass one")
+    path = stage_dir(run_dir, stage)
+    held = lock.holds(path)
+    lock.acquire(path, what=f"specdraft {stage}", claim=False)
+    if not (overwrite or resume) and holds_work(path):
+        if not held:
+            lock.release(path)
+        state = "complete" if (path / MANIFEST).exists() else "partial"
+        how = "pass --resume to continue it or " if resumable else "pass "
+        raise StageDirError(f"{path} already holds {state} output of `specdraft {stage}`; "
+                            f"{how}--overwrite to delete it and start over")
+    return path
+
+
 def open_stage_dir(run_dir: str | Path, stage: str, *, resume: bool = False,
                    overwrite: bool = False, resumable: bool = True) -> Path:
     """Lock ``RUN/<stage>`` for this process, make it ready for writing and return it.
@@ -40,20 +67,10 @@ def open_stage_dir(run_dir: str | Path, stage: str, *, resume: bool = False,
 
     ``resumable``: the stage has a ``--resume`` flag (the refusal names only flags that exist).
     A refused command leaves the lock file as it found it (the holder line is written only once
-    the directory is accepted).
+    the directory is accepted). The refusals are :func:`check_stage_dir`'s.
     """
-    if resume and overwrite:
-        raise StageDirError("--resume and --overwrite exclude each other; pass one")
-    path = stage_dir(run_dir, stage)
-    held = lock.holds(path)
-    lock.acquire(path, what=f"specdraft {stage}", claim=False)
-    if not (overwrite or resume) and holds_work(path):
-        if not held:
-            lock.release(path)
-        state = "complete" if (path / MANIFEST).exists() else "partial"
-        how = "pass --resume to continue it or " if resumable else "pass "
-        raise StageDirError(f"{path} already holds {state} output of `specdraft {stage}`; "
-                            f"{how}--overwrite to delete it and start over")
+    path = check_stage_dir(run_dir, stage, resume=resume, overwrite=overwrite,
+                           resumable=resumable)
     lock.claim(path)
     if overwrite or not holds_work(path):
         _clear(path)

@@ -28,7 +28,7 @@ from specdraft.core.manifest import ExtractManifest, StageClock, input_hash, \
     load_stage_manifest, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
 from specdraft.core.resume import record_settings
-from specdraft.core.rundir import open_stage_dir, require_stage
+from specdraft.core.rundir import check_stage_dir, open_stage_dir, require_stage
 from specdraft.core.batching import pad_rows, plan_batches, plan_shards, rank_batches
 from specdraft.core.capture import (CONVENTION, capture_packed, check_aux_ids,
                                        default_aux_ids, num_layers)
@@ -458,7 +458,10 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
         open_stage_dir(config.run_dir, STAGE, resume=config.resume, overwrite=config.overwrite)
         return record_settings(out, config, stage=STAGE, resume=config.resume)
 
-    changes = _on_rank0(open_and_compare, rank, world)
+    # refused now if it would be; RUN/extract is emptied (--overwrite) only once the verifier's
+    # binding, its layers and the aux ids have passed, so a refused command deletes nothing
+    _on_rank0(lambda: check_stage_dir(config.run_dir, STAGE, resume=config.resume,
+                                      overwrite=config.overwrite), rank, world)
     ds = _load_dataset(config.run_dir)
     if config.backend == "vllm" or config.endpoint:  # a GGUF is converted once, by rank 0
         from specdraft.extract.vllm_backend import verifier_hf_dir
@@ -470,7 +473,7 @@ def _run(config: ExtractConfig, verifier: Any, stage: StageContext) -> dict[str,
                                        in_memory=verifier is not None), rank, world)
     model = _load_model(config, verifier, out, str(stage.device))
     ctx = _context(config, model, ds, rank, world)
-    ctx.resume_changes = changes or {}
+    ctx.resume_changes = _on_rank0(open_and_compare, rank, world) or {}
     live = _open_servers(config, model, ds, ctx, out, rank) if config.endpoint else None
     model = live[2] if live else model  # in the servers' dtype
     in_memory = verifier is not None

@@ -19,7 +19,7 @@ from specdraft.core.errors import ConfigError, InputError, SpecdraftError
 from specdraft.core.manifest import StageClock, TrainManifest, build_manifest, input_hash, \
     parse_manifest, write_manifest
 from specdraft.core.profile import VerifierProfile, resolve_profile
-from specdraft.core.rundir import open_stage_dir, require_stage
+from specdraft.core.rundir import check_stage_dir, open_stage_dir, require_stage
 from specdraft import kinds
 from specdraft.models.eagle3 import AUX_CONVENTION
 from specdraft.models.io import Drafter
@@ -190,6 +190,15 @@ def preflight_teacher(cfg: TrainConfig, verifier: Any, data: Data, env: StageCon
     return report.to_dict()
 
 
+def _open_train_dir(cfg: TrainConfig, env: StageContext) -> None:
+    """``RUN/train`` made ready for writing (emptied under ``--overwrite``) by rank 0, once the
+    settings, the data and the teacher have passed their checks (a refused ``--overwrite``
+    keeps the drafter it would have replaced)."""
+    if env.is_main:
+        open_stage_dir(cfg.run_dir, "train", resume=cfg.resume, overwrite=cfg.overwrite)
+    barrier(env)
+
+
 def run(config: TrainConfig, ctx: StageContext | None = None, *, verifier: Any = None,
         source: Any = None) -> TrainManifest:
     """Train a drafter; returns the manifest (typed, on every rank; only rank 0 writes files).
@@ -213,13 +222,14 @@ def run(config: TrainConfig, ctx: StageContext | None = None, *, verifier: Any =
 def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, source: Any
          ) -> dict:
     require_stage(cfg.run_dir, "vocab")
-    if env.is_main:
-        open_stage_dir(cfg.run_dir, "train", resume=cfg.resume, overwrite=cfg.overwrite)
-    barrier(env)
+    if env.is_main:  # refused now if it would be; RUN/train is emptied once the checks pass
+        check_stage_dir(cfg.run_dir, "train", resume=cfg.resume, overwrite=cfg.overwrite)
     out = RunLayout(cfg.run_dir).train
     d2t, t2d = load_vocab_map(cfg.run_dir)
     inputs = {"vocab": input_hash(RunLayout(cfg.run_dir).vocab)}
-    if callable(source) and not hasattr(source, "get_batch"):  # a factory (train --endpoint)
+    factory = callable(source) and not hasattr(source, "get_batch")  # train --endpoint
+    if factory:  # it captures into RUN/train/live: the directory is made ready first
+        _open_train_dir(cfg, env)
         source = source(cfg, env)
         inputs.update(getattr(source, "inputs", {}))
     if source is None:
@@ -242,6 +252,8 @@ def _run(cfg: TrainConfig, env: StageContext, clock: StageClock, verifier: Any, 
                                  cache_argmax=not cfg.online, with_probs=probs),
                 train_idx, val_idx, lengths)
     teacher = preflight_teacher(cfg, verifier, data, env)
+    if not factory:
+        _open_train_dir(cfg, env)
     trainer = Trainer(cfg, env, objective, wrap(objective, env, cfg.parallel), data, out)
     try:
         figures = fit(trainer, resume=cfg.resume)
