@@ -125,6 +125,16 @@ def test_config_errors_name_section_and_flag(tmp_path, verifier8):
                        trian={"lr": 1})
     with pytest.raises(ConfigError, match="unknown key.*trian"):
         PipelineConfig.from_yaml(cfg)
+    # the EAGLE-3.1 norms in a format SGLang loads: refused before any stage, not after train
+    norms = {"norm_before_fc": True, "fc_norm": True, "norm_output": True}
+    cfg = write_config(tmp_path / "e31.yaml", tmp_path / "r", verifier8, train=norms)
+    with pytest.raises(ConfigError, match=r"\[export\]: format sglang: the drafter was trained "
+                       r"with norm_before_fc=True, but sglang does not read norm_before_fc.*"
+                       r"export.format: vllm"):
+        PipelineConfig.from_yaml(cfg)
+    cfg = write_config(tmp_path / "e31v.yaml", tmp_path / "r", verifier8, train=norms,
+                       export={"format": "vllm"})
+    assert PipelineConfig.from_yaml(cfg).stages["export"].format == "vllm"
 
 
 def test_dump_config_is_a_valid_pipeline_config(tmp_path):

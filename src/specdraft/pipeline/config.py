@@ -91,6 +91,7 @@ class PipelineConfig:
         stages = {spec.name: _stage_config(spec, sections[spec.name], shared, path)
                   for spec in STAGES if spec.name in wanted}
         _engine_can_serve(stages, shared["verifier"], path)
+        _export_can_carry(stages, shared["verifier"], path)
         return cls(stages=stages, source=str(path), **shared)
 
 
@@ -135,6 +136,38 @@ def _engine_can_serve(stages: dict[str, StageConfig], verifier: str, path: str |
         raise ConfigError(f"{path}: eval.engine {ev.engine} with train.drafter {train.drafter}, "
                           f"train.drafter_layer {train.drafter_layer}{auto} and verifier "
                           f"{verifier}: " + " ".join(refusals) + " (or set eval.engine: none)")
+
+
+def _export_can_carry(stages: dict[str, StageConfig], verifier: str, path: str | Path) -> None:
+    """Refuse, before any stage runs, an EAGLE-3 run whose export format would drop a
+    computation field train sets (:func:`specdraft.artifacts.contract.export_problems`: e.g. the
+    EAGLE-3.1 norms in the ``sglang`` format, which SGLang does not read), so the mismatch is
+    not found after training; export checks the trained drafter again. An ``auto`` drafter
+    layer whose verifier config does not load here counts as ``llama``."""
+    train, export = stages.get("train"), stages.get("export")
+    if train is None or export is None or train.drafter != "eagle3":
+        return
+    from types import SimpleNamespace
+
+    from specdraft.artifacts.contract import export_problems
+    from specdraft.core.errors import SpecdraftError
+    from specdraft.core.profile import load_hf_config, resolve_profile
+    from specdraft.models.eagle3 import resolve_draft_layer
+
+    layer = "llama" if train.drafter_layer == "auto" else train.drafter_layer
+    if train.drafter_layer == "auto":
+        try:
+            layer = resolve_draft_layer("auto", resolve_profile(load_hf_config(verifier))
+                                        .model_type)
+        except (SpecdraftError, OSError, ValueError):
+            pass  # an unreadable verifier is named by the first stage that loads it
+    trained = SimpleNamespace(norm_before_residual=train.norm_before_residual,
+                              norm_before_fc=train.norm_before_fc, fc_norm=train.fc_norm,
+                              norm_output=train.norm_output, draft_layer=layer)
+    problems = export_problems(export.format, trained)
+    if problems:
+        raise ConfigError(f"{path} [export]: format {export.format}: " + "; ".join(problems)
+                          + " (here: export.format: vllm)")
 
 
 def _one_chat_format(sections: dict[str, dict[str, Any]], chat: Any, path: str | Path) -> None:
