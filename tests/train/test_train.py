@@ -143,3 +143,26 @@ def test_two_process_gloo_ddp_equals_one_process(tmp_path, parallel, drafter):
     if drafter.startswith("dflash"):  # the label counter sums the ranks' rows
         assert m1["verifier_argmax_differs"] == m2["verifier_argmax_differs"]
         assert m1["verifier_argmax_differs"]["positions"] > 0
+
+
+def test_warmup_ratio_sets_the_warmup_from_the_run_s_steps(run_dir, verifier, source):
+    """``warmup_ratio`` 0.25 of 8 steps is 2 warmup steps: the lr climbs by thirds of the peak
+    (``lr_factor``'s ``(step + 1) / (warmup + 1)``) and step 2 takes the peak; 0.25 of 10 rounds
+    up to 3 (transformers' rule); both settings at once are refused."""
+    from pydantic import ValidationError
+
+    from specdraft.train.loop import warmup_steps
+
+    peak = 3e-3
+    values = dict(run_dir=run_dir, epochs=1000, ttt_steps=1, lr=peak, warmup_ratio=0.25,
+                  max_steps=8, batch_tokens=36 * 4, val_fraction=0.2, log_every=1)
+    m = run(TrainConfig(**values), verifier=verifier, source=source)
+    assert m["warmup_steps"] == 2
+    lrs = [r["lr"] for r in records(run_dir, "train")]
+    # logged after each step: the lr the next step takes; step 2 starts the cosine at the peak
+    assert lrs[:2] == pytest.approx([peak * 2 / 3, peak], rel=1e-6) and max(lrs) == lrs[1]
+    assert warmup_steps(TrainConfig(run_dir=run_dir, warmup_ratio=0.25), 10) == 3
+    assert warmup_steps(TrainConfig(run_dir=run_dir, warmup_steps=9), 234) == 9
+    assert warmup_steps(TrainConfig(run_dir=run_dir, warmup_steps=100), 50) == 25
+    with pytest.raises(ValidationError, match="give one"):
+        TrainConfig(run_dir=run_dir, warmup_ratio=0.04, warmup_steps=9)

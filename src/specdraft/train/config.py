@@ -49,6 +49,10 @@ class TrainConfig(StageConfig):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay ends at this "
                                                              "fraction of --lr.")
     warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
+    warmup_ratio: float | None = Field(None, ge=0, lt=1, description="Linear warmup as a "
+                                       "fraction of the run's optimizer steps, rounded up "
+                                       "(transformers' warmup_ratio; SpecForge's DFlash configs "
+                                       "use 0.04); replaces --warmup-steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     hidden_noise: float = Field(0.0, ge=0, description="Training only: each aux hidden state x "
                                                        "gets x + this * rms(x) * N(0, I) "
@@ -240,6 +244,8 @@ class TrainConfig(StageConfig):
         idle = {"dflash_dpace_alpha": (self.dflash_weights != "dpace", "--dflash-weights dpace"),
                 "dflash_gamma": (self.dflash_weights != "exp", "--dflash-weights exp"),
                 "loss_focal_gamma": (self.loss_focal_weight == 0, "--loss-focal-weight > 0")}
+        if self.warmup_ratio is not None and "warmup_steps" in given:
+            raise ValueError("--warmup-steps and --warmup-ratio both set the warmup; give one")
         for name in sorted(f for f in given if idle.get(f, (False,))[0]):
             needs = idle[name][1]
             raise ValueError(f"--{name.replace('_', '-')} is read only with {needs}")

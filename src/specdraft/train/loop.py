@@ -41,6 +41,16 @@ from specdraft.train.distributed import (all_reduce_sum, barrier, full_states, i
 from specdraft.train.metrics import hit_counts, summarize
 
 
+def warmup_steps(cfg: Any, total: int) -> int:
+    """The warmup's optimizer steps for a run of ``total`` steps: ``ceil(warmup_ratio * total)``
+    when ``cfg.warmup_ratio`` is set (transformers' ``TrainingArguments.get_warmup_steps``
+    rounding), else ``cfg.warmup_steps``; at most ``total // 2`` either way, so a short run
+    still decays."""
+    want = math.ceil(cfg.warmup_ratio * total) if cfg.warmup_ratio is not None \
+        else cfg.warmup_steps
+    return min(want, total // 2)
+
+
 def lr_factor(step: int, *, warmup: int, total: int, min_ratio: float) -> float:
     """Multiplier of the peak lr after ``step`` optimizer steps: linear warmup over ``warmup``
     steps, then cosine decay to ``min_ratio`` at ``total``."""
@@ -130,8 +140,9 @@ class Trainer:
         self.dropped_per_epoch = n_micro - self.steps_per_epoch * self.G
         total = self.steps_per_epoch * cfg.epochs
         self.total_steps = min(total, cfg.max_steps) if cfg.max_steps else total
-        lam = lambda s: lr_factor(s, warmup=min(cfg.warmup_steps, self.total_steps // 2),  # noqa
-                                  total=self.total_steps, min_ratio=cfg.min_lr_ratio)
+        self.warmup = warmup_steps(cfg, self.total_steps)
+        lam = lambda s: lr_factor(s, warmup=self.warmup, total=self.total_steps,  # noqa: E731
+                                  min_ratio=cfg.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lam)
         self.step, self.epoch, self.step_in_epoch = 0, 0, 0
         self.tokens_seen, self.best_tau, self.best_step = 0, -1.0, None
@@ -460,6 +471,7 @@ def fit(tr: Trainer, *, resume: bool = False) -> dict[str, Any]:
     return {"resumed": resumed, "resume_changes": tr.resume_changes, "compute_dtype": tr.dtype,
             "steps": tr.step, "epochs_done": tr.epoch,
             "steps_per_epoch": tr.steps_per_epoch, "total_steps": tr.total_steps,
+            "warmup_steps": tr.warmup,
             "dropped_micro_batches_per_epoch": tr.dropped_per_epoch,
             "tokens_per_s": tokens / max(elapsed, 1e-9),
             "peak_memory_mb": peak_memory_mb(tr.env.device),
