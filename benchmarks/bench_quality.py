@@ -83,6 +83,11 @@ ABLATIONS: dict[str, tuple[str, dict, dict]] = {
     # SpecForge's DFlash schedule (configs/qwen3-8b-dflash*: lr 6e-4, warmup 4 % of the steps);
     # 9 is 4 % of this benchmark's 234 steps at full size (1,000 answers, 2 epochs)
     "dflash-lr6e-4-warmup4": ("dflash", {"lr": 6e-4, "warmup_steps": 9}, {}),
+    # z-lab's and SpecForge's sizes at scale (configs/qwen3-8b-dflash.json), one at a time: five
+    # draft layers; blocks of 16 (the benchmark still drafts k = 4; `specdraft eval --k 15`
+    # drafts the whole block)
+    "dflash-layers5": ("dflash", {"dflash_layers": 5}, {}),
+    "dflash-block16": ("dflash", {"dflash_block_size": 16}, {}),
     "dflash-focal": ("dflash", {"loss_focal_weight": 1.0}, {}),
     "dflash-explen": ("dflash", {"loss_expected_length_weight": 1.0}, {}),
     "dflash-focal-explen": ("dflash", {"loss_focal_weight": 1.0,
