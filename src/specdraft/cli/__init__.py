@@ -18,7 +18,8 @@ from specdraft.core.errors import SpecdraftError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   rich_markup_mode=None,
-                  help="Train EAGLE-3 and DFlash draft models for speculative decoding, end to end.")
+                  help="Train EAGLE-3 and DFlash draft models for speculative decoding, end to "
+                       "end.")
 
 # Implemented verbs, in pipeline order: import the verb module, register its `command`.
 # (Each stage adds its own two lines here.)
