@@ -63,7 +63,8 @@ def _yaml(path: Path, verifier: Path, train: dict, engine: str = "vllm") -> Path
 def test_run_refuses_the_combination_when_it_reads_its_config(tmp_path, cpu_only):
     """A DeepSeek-V3-shaped (Kimi) verifier, train's default layer (Llama) and eval
     --engine vllm on the CPU build: refused by PipelineConfig.from_yaml, before any stage runs,
-    naming the file, the combination and --drafter-layer mla; the MLA layer passes."""
+    naming the file, the combination and --drafter-layer mla; the MLA layer passes, exported in
+    vLLM's format when the file names none."""
     from specdraft.pipeline.config import PipelineConfig
 
     kimi = _kimi_dir(tmp_path)
@@ -79,6 +80,7 @@ def test_run_refuses_the_combination_when_it_reads_its_config(tmp_path, cpu_only
         PipelineConfig.from_yaml(_yaml(tmp_path / "auto.yaml", kimi, {"drafter_layer": "auto"}))
     ok = PipelineConfig.from_yaml(_yaml(tmp_path / "mla.yaml", kimi, {"drafter_layer": "mla"}))
     assert ok.stages["train"].drafter_layer == "mla"
+    assert ok.stages["export"].format == "vllm"  # the one format that carries the MLA layer
     offline = PipelineConfig.from_yaml(_yaml(tmp_path / "none.yaml", kimi, {}, engine="none"))
     assert offline.stages["eval"].engine == "none"
 

@@ -135,6 +135,14 @@ def test_config_errors_name_section_and_flag(tmp_path, verifier8):
     cfg = write_config(tmp_path / "e31v.yaml", tmp_path / "r", verifier8, train=norms,
                        export={"format": "vllm"})
     assert PipelineConfig.from_yaml(cfg).stages["export"].format == "vllm"
+    # no format named: vLLM's, which carries the norms (and eval reads that export)
+    cfg = write_config(tmp_path / "e31d.yaml", tmp_path / "r", verifier8, train=norms,
+                       export=None)
+    stages = PipelineConfig.from_yaml(cfg).stages
+    assert stages["export"].format == "vllm"
+    assert str(stages["eval"].drafter).endswith("export/vllm")
+    cfg = write_config(tmp_path / "e3d.yaml", tmp_path / "r", verifier8, export=None)
+    assert PipelineConfig.from_yaml(cfg).stages["export"].format == "sglang"
 
 
 def test_dump_config_is_a_valid_pipeline_config(tmp_path):

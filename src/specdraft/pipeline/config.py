@@ -85,6 +85,7 @@ class PipelineConfig:
         sections = {spec.name: dict(data.get(spec.name) or {}) for spec in STAGES}
         _one_chat_format(sections, data.get("chat"), path)
         _kind_defaults(sections, path)
+        _export_format_default(sections, shared["verifier"])
         _eval_the_export(sections, shared["run_dir"])
         wanted = set(STAGE_NAMES if selected is None else selected) | {
             name for name in STAGE_NAMES if data.get(name) is not None}
@@ -138,15 +139,14 @@ def _engine_can_serve(stages: dict[str, StageConfig], verifier: str, path: str |
                           f"{verifier}: " + " ".join(refusals) + " (or set eval.engine: none)")
 
 
-def _export_can_carry(stages: dict[str, StageConfig], verifier: str, path: str | Path) -> None:
-    """Refuse, before any stage runs, an EAGLE-3 run whose export format would drop a
-    computation field train sets (:func:`specdraft.artifacts.contract.export_problems`: e.g. the
-    EAGLE-3.1 norms in the ``sglang`` format, which SGLang does not read), so the mismatch is
-    not found after training; export checks the trained drafter again. An ``auto`` drafter
-    layer whose verifier config does not load here counts as ``llama``."""
-    train, export = stages.get("train"), stages.get("export")
-    if train is None or export is None or train.drafter != "eagle3":
-        return
+_COMPUTATION_NORMS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def _format_problems(fmt: str, trained: dict[str, Any], verifier: str) -> list[str]:
+    """:func:`specdraft.artifacts.contract.export_problems` of export format ``fmt`` for the
+    EAGLE-3 drafter train will build: ``trained`` holds its norms and ``drafter_layer`` (an
+    ``auto`` layer is resolved from the verifier's config; one that does not load here counts
+    as ``llama``: the first stage that loads it names it)."""
     from types import SimpleNamespace
 
     from specdraft.artifacts.contract import export_problems
@@ -154,17 +154,44 @@ def _export_can_carry(stages: dict[str, StageConfig], verifier: str, path: str |
     from specdraft.core.profile import load_hf_config, resolve_profile
     from specdraft.models.eagle3 import resolve_draft_layer
 
-    layer = "llama" if train.drafter_layer == "auto" else train.drafter_layer
-    if train.drafter_layer == "auto":
+    layer = trained["drafter_layer"]
+    if layer == "auto":
         try:
             layer = resolve_draft_layer("auto", resolve_profile(load_hf_config(verifier))
                                         .model_type)
         except (SpecdraftError, OSError, ValueError):
-            pass  # an unreadable verifier is named by the first stage that loads it
-    trained = SimpleNamespace(norm_before_residual=train.norm_before_residual,
-                              norm_before_fc=train.norm_before_fc, fc_norm=train.fc_norm,
-                              norm_output=train.norm_output, draft_layer=layer)
-    problems = export_problems(export.format, trained)
+            layer = "llama"
+    fields = {name: bool(trained[name]) for name in _COMPUTATION_NORMS}
+    return export_problems(fmt, SimpleNamespace(**fields, draft_layer=layer))
+
+
+def _export_format_default(sections: dict[str, dict[str, Any]], verifier: str) -> None:
+    """An EAGLE-3 run that names no ``export.format`` is exported in vLLM's format when the
+    default ``sglang`` one would drop a field train sets (the EAGLE-3.1 norms, a Qwen3 or MLA
+    layer: :data:`specdraft.artifacts.contract.ENGINE_READS`), as a DFlash run is
+    (:mod:`specdraft.kinds`); an explicit format is checked by :func:`_export_can_carry`."""
+    from specdraft import kinds
+    from specdraft.train.config import TrainConfig
+
+    train, export = sections["train"], sections["export"]
+    if "format" in export or train.get("drafter", kinds.LEGACY_DEFAULT) != "eagle3":
+        return
+    trained = {name: train.get(name, TrainConfig.model_fields[name].default)
+               for name in (*_COMPUTATION_NORMS, "drafter_layer")}
+    if _format_problems("sglang", trained, verifier):
+        export["format"] = "vllm"
+
+
+def _export_can_carry(stages: dict[str, StageConfig], verifier: str, path: str | Path) -> None:
+    """Refuse, before any stage runs, an EAGLE-3 run whose export format would drop a
+    computation field train sets (:func:`_format_problems`: e.g. the EAGLE-3.1 norms in the
+    ``sglang`` format, which SGLang does not read), so the mismatch is not found after
+    training; export checks the trained drafter again."""
+    train, export = stages.get("train"), stages.get("export")
+    if train is None or export is None or train.drafter != "eagle3":
+        return
+    trained = {name: getattr(train, name) for name in (*_COMPUTATION_NORMS, "drafter_layer")}
+    problems = _format_problems(export.format, trained, verifier)
     if problems:
         raise ConfigError(f"{path} [export]: format {export.format}: " + "; ".join(problems)
                           + " (here: export.format: vllm)")
